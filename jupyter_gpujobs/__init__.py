@@ -1,0 +1,27 @@
+"""jupyter-gpujobs: a GPU job queue and fair scheduler for shared GPU servers, inside Jupyter.
+
+This module holds the entry points Jupyter looks for: the server extension, the prebuilt
+labextension and the IPython extension (`%load_ext jupyter_gpujobs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .server.app import GPUJobsApp
+
+    return [{"module": "jupyter_gpujobs.server.app", "app": GPUJobsApp}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "jupyter-gpujobs"}]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -1,0 +1,585 @@
+"""The domain of jupyter-gpujobs: jobs, GPUs, states, the policy knobs, and the parsing and
+validation of everything a user types ("1h30m", "2xA100", "urgent").
+
+This module imports nothing of the project; every other part speaks in these types.
+Validation errors are `InvalidInput`, which names the field that is wrong so the REST API
+can answer 400 with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+
+class InvalidInput(ValueError):
+    """A value given by a user is wrong. `field` names it (e.g. "gpus", "time_limit")."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    LOST = "LOST"
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+FINAL_STATES = frozenset(s for s in JobState if s.is_final)
+
+#: Priority classes, lowest first. The index is the class rank used by the scheduler.
+PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "urgent")
+PRIORITY_RANK: dict[str, int] = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+#: What a job is: a script/command, a notebook cell (%%gpujob), a whole notebook, a kernel.
+JOB_KINDS: tuple[str, ...] = ("script", "cell", "notebook", "kernel")
+
+
+# --------------------------------------------------------------------------- parsing
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(value: Any, field_name: str = "time_limit") -> int:
+    """Seconds from `90`, `"90"`, `"30m"`, `"1h30m"`, `"2d"`, `"1:30:00"` (h:m:s) or `"45:00"` (m:s).
+
+    Raises InvalidInput naming `field_name` for anything else, zero or negative.
+    """
+    if isinstance(value, bool):
+        raise InvalidInput(field_name, f"expected a duration such as 30m or 1h30m, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if not text:
+            raise InvalidInput(field_name, "empty duration; use e.g. 30m, 1h30m or 3600")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        elif re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
+            parts = [int(p) for p in text.split(":")]
+            if len(parts) == 2:
+                parts.insert(0, 0)
+            hours, minutes, secs = parts
+            if minutes >= 60 or secs >= 60:
+                raise InvalidInput(field_name, f"bad clock duration {value!r}; use H:MM:SS")
+            seconds = hours * 3600 + minutes * 60 + secs
+        else:
+            pos = 0
+            seconds = 0.0
+            compact = text.replace(" ", "")
+            for match in _DURATION_PART.finditer(compact):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+                pos = match.end()
+            if pos != len(compact) or pos == 0:
+                raise InvalidInput(
+                    field_name, f"cannot read duration {value!r}; use e.g. 30m, 1h30m, 2d or 3600"
+                )
+    else:
+        raise InvalidInput(field_name, f"expected a duration such as 30m or 1h30m, got {value!r}")
+    if seconds <= 0:
+        raise InvalidInput(field_name, f"duration must be positive, got {value!r}")
+    return int(round(seconds))
+
+
+def format_duration(seconds: float | None) -> str:
+    """`5400` -> `"1h30m"`; `None` -> `"-"`."""
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = ""
+    if days:
+        out += f"{days}d"
+    if hours:
+        out += f"{hours}h"
+    if minutes:
+        out += f"{minutes}m"
+    if secs and not days:
+        out += f"{secs}s"
+    return out
+
+
+def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
+    """A whole, non-negative number of GPUs."""
+    if isinstance(value, bool) or value is None:
+        raise InvalidInput(field_name, f"expected a whole number of GPUs, got {value!r}")
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise InvalidInput(field_name, f"expected a whole number of GPUs, got {value!r}")
+    if value < 0:
+        raise InvalidInput(field_name, f"cannot ask for a negative number of GPUs ({value})")
+    return value
+
+
+def parse_priority(value: Any, field_name: str = "priority") -> str:
+    if not isinstance(value, str) or value.strip().lower() not in PRIORITY_RANK:
+        raise InvalidInput(field_name, f"unknown priority {value!r}; choose one of {', '.join(PRIORITIES)}")
+    return value.strip().lower()
+
+
+@dataclass(frozen=True)
+class FakeGPUSpec:
+    count: int
+    model: str
+    memory_mb: int
+
+
+_FAKE_PART = re.compile(r"^(?:(\d+)\s*[x×*]\s*)?([A-Za-z][\w.-]*?)(?:-(\d+)\s*GB)?$", re.IGNORECASE)
+
+#: Memory of common models when a fake spec does not say (MB).
+_KNOWN_MEMORY_MB = {
+    "A100": 40960, "H100": 81920, "H200": 143771, "T4": 15360, "V100": 16384,
+    "L4": 23034, "L40S": 46068, "A10": 23028, "RTX4090": 24564, "P100": 16384, "K80": 12206,
+}
+
+
+def parse_fake_gpus(spec: str) -> list[FakeGPUSpec]:
+    """`"4xA100-80GB,2xT4"` -> [FakeGPUSpec(4, "A100-80GB", 81920), FakeGPUSpec(2, "T4", 15360)]."""
+    out: list[FakeGPUSpec] = []
+    if not spec or not spec.strip():
+        return out
+    for raw in spec.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        match = _FAKE_PART.match(part)
+        if not match:
+            raise InvalidInput("fake_gpus", f"cannot read {part!r}; write e.g. 4xA100-80GB,2xT4")
+        count = int(match.group(1) or 1)
+        base = match.group(2)
+        if count <= 0:
+            raise InvalidInput("fake_gpus", f"count must be positive in {part!r}")
+        if match.group(3):
+            memory = int(match.group(3)) * 1024
+            model = f"{base}-{match.group(3)}GB"
+        else:
+            memory = _KNOWN_MEMORY_MB.get(base.upper(), 16384)
+            model = base
+        out.append(FakeGPUSpec(count, model, memory))
+    return out
+
+
+def gpu_matches_type(gpu_name: str, wanted: str | None) -> bool:
+    """Does a GPU's model name satisfy a `gpu_type` constraint?
+
+    Matching is case-insensitive on the model's words, so "A100" matches "NVIDIA A100-SXM4-80GB"
+    and "A100-80GB", "a100-80gb" matches "A100-80GB", and "T4" does not match "RTX A4000".
+    """
+    if not wanted:
+        return True
+    name = gpu_name.lower().replace("nvidia", " ")
+    want = wanted.lower().strip()
+    tokens = re.split(r"[\s_/]+", name)
+    if want in tokens:
+        return True
+    for token in tokens:
+        if token == want or token.startswith(want + "-"):
+            return True
+    return bool(re.search(r"(^|[\s-])" + re.escape(want) + r"($|[\s-])", name))
+
+
+# --------------------------------------------------------------------------- domain types
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU as the scheduler and the API see it."""
+
+    index: int
+    uuid: str
+    name: str
+    host: str = "localhost"
+    memory_total_mb: int = 0
+    memory_used_mb: int = 0
+    utilization: float = 0.0  # percent, 0-100
+    healthy: bool = True
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """`after:17` (17 ended, any state) or `afterok:17` (17 COMPLETED)."""
+
+    kind: str  # "after" | "afterok"
+    job_id: int
+
+
+def parse_dependencies(value: Any, field_name: str = "depends") -> tuple[Dependency, ...]:
+    """`"afterok:3:4,after:5"`, `["afterok:3", "after:5"]` or `[3, 4]` (afterok)."""
+    if value in (None, "", []):
+        return ()
+    items: list[Any]
+    if isinstance(value, str):
+        items = [p for p in value.split(",") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise InvalidInput(field_name, f"expected e.g. 'afterok:12' or a list of job ids, got {value!r}")
+    deps: list[Dependency] = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            deps.append(Dependency("afterok", item))
+            continue
+        if not isinstance(item, str):
+            raise InvalidInput(field_name, f"cannot read dependency {item!r}")
+        parts = item.strip().split(":")
+        if len(parts) == 1 and parts[0].isdigit():
+            deps.append(Dependency("afterok", int(parts[0])))
+            continue
+        kind = parts[0].lower()
+        if kind not in ("after", "afterok") or len(parts) < 2:
+            raise InvalidInput(field_name, f"cannot read dependency {item!r}; use after:ID or afterok:ID")
+        for jid in parts[1:]:
+            if not jid.isdigit():
+                raise InvalidInput(field_name, f"job id {jid!r} in {item!r} is not a number")
+            deps.append(Dependency(kind, int(jid)))
+    return tuple(deps)
+
+
+@dataclass
+class Job:
+    """A job: what was asked (the spec fields) and what happened (the state fields).
+
+    The scheduler reads Jobs from its snapshot and never changes them; the service owns the
+    state fields.
+    """
+
+    id: int
+    user: str
+    command: list[str] = field(default_factory=list)
+    kind: str = "script"
+    name: str = ""
+    gpus: int = 1
+    gpu_type: str | None = None
+    time_limit_s: int | None = None
+    priority: str = "normal"
+    group: str | None = None
+    preemptible: bool = False
+    requeue: bool = True
+    begin: float | None = None  # epoch seconds; None = now
+    offpeak: bool = False  # start only inside the configured off-peak windows
+    depends: tuple[Dependency, ...] = ()
+    array_job_id: int | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None  # the %N of --array 0-15%N
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)  # kind-specific (notebook path, params...)
+    # --- state
+    state: JobState = JobState.PENDING
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    host: str | None = None
+    assigned_gpus: tuple[int, ...] = ()
+    borrowed: bool = False  # running beyond its guarantee on idle GPUs; may be reclaimed
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    run_seconds: float = 0.0  # accumulated over earlier runs of a requeued job
+    restarts: int = 0
+    expected_start: float | None = None
+    position: int | None = None
+    predicted_runtime_s: float | None = None
+
+    def replace(self, **changes: Any) -> "Job":
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Layered quota of one user or group. None means no limit (or no guarantee)."""
+
+    guaranteed_gpus: int = 0
+    max_gpus: int | None = None
+    max_running_jobs: int | None = None
+    max_time_limit_s: int | None = None
+    elastic: bool = True  # may borrow idle GPUs beyond the guarantee
+
+
+@dataclass(frozen=True)
+class OffpeakWindow:
+    """Weekdays 0=Monday..6=Sunday, hours [start_hour, end_hour) local time; end may wrap past 24."""
+
+    days: tuple[int, ...]
+    start_hour: float
+    end_hour: float
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything the scheduler may be told. Built by the service from traitlets config."""
+
+    default_time_limit_s: int = 3600
+    max_time_limit_s: int | None = 7 * 86400
+    user_max_running_jobs: int | None = None
+    user_max_gpus: int | None = None
+    backfill: bool = True
+    # multifactor priority
+    weight_age: float = 1.0
+    weight_fairshare: float = 2.0
+    weight_class: float = 4.0
+    weight_size: float = 0.25
+    age_saturation_s: float = 7 * 86400
+    fairshare_half_life_s: float = 7 * 86400
+    fairshare: bool = True
+    user_shares: Mapping[str, float] = field(default_factory=dict)
+    group_shares: Mapping[str, float] = field(default_factory=dict)
+    # layered quotas
+    user_quotas: Mapping[str, Quota] = field(default_factory=dict)
+    group_quotas: Mapping[str, Quota] = field(default_factory=dict)
+    default_user_quota: Quota | None = None
+    urgent_reserve_gpus: int = 0
+    # preemption
+    preemption: bool = True
+    preempt_grace_s: int = 30
+    # deferral
+    offpeak_windows: tuple[OffpeakWindow, ...] = ()
+    utc_offset_s: int = 0  # local time of the off-peak windows = UTC + offset
+    # runtime prediction: use predicted runtimes (when present on the job) for backfill
+    use_predictions: bool = False
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int
+    host: str
+    gpus: tuple[int, ...]  # GPU indices on that host
+    borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: int  # the victim
+    by_job_id: int
+    reason: str  # e.g. "preempted by job 42 (guarantee of group vision)"
+
+
+@dataclass
+class Plan:
+    """What one scheduling cycle decided."""
+
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # pending job ids in scheduling order
+    reasons: dict[int, str] = field(default_factory=dict)  # why each still-pending job waits
+    expected_start: dict[int, float | None] = field(default_factory=dict)
+    cancels: list[tuple[int, str]] = field(default_factory=list)  # e.g. afterok dependency failed
+
+
+# --------------------------------------------------------------------------- job requests
+
+SUBMIT_FIELDS = {
+    "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
+    "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
+}
+
+
+def parse_array(value: Any, field_name: str = "array") -> tuple[list[int], int | None]:
+    """`"0-15%4"` -> (indices 0..15, at most 4 running); `"1,3,5"`; `"0-9:2"` (step)."""
+    if value in (None, ""):
+        return [], None
+    if not isinstance(value, str):
+        value = str(value)
+    text = value.strip()
+    limit: int | None = None
+    if "%" in text:
+        text, lim = text.split("%", 1)
+        if not lim.isdigit() or int(lim) <= 0:
+            raise InvalidInput(field_name, f"bad concurrency limit in {value!r}; use e.g. 0-15%4")
+        limit = int(lim)
+    indices: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if not m:
+            raise InvalidInput(field_name, f"cannot read {value!r}; use e.g. 0-15%4 or 1,3,5")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3)) if m.group(3) else 1
+        if hi < lo or step <= 0:
+            raise InvalidInput(field_name, f"bad range {part!r} in {value!r}")
+        indices.extend(range(lo, hi + 1, step))
+    if len(indices) > 10000:
+        raise InvalidInput(field_name, f"{len(indices)} array tasks is more than the 10000 allowed")
+    return sorted(set(indices)), limit
+
+
+def validate_submission(
+    body: Mapping[str, Any],
+    gpus: Sequence[GPU],
+    policy: Policy,
+    now: float,
+) -> dict[str, Any]:
+    """Check a submission (the JSON of `POST jobs`) and return normalised Job fields.
+
+    Raises InvalidInput naming the first wrong field. `gpus` is the current inventory, used to
+    refuse requests that can never run here (more GPUs than one host has, an unknown type).
+    """
+    if not isinstance(body, Mapping):
+        raise InvalidInput("body", "expected a JSON object")
+    unknown = sorted(set(body) - SUBMIT_FIELDS)
+    if unknown:
+        raise InvalidInput(unknown[0], f"unknown field; known fields are {', '.join(sorted(SUBMIT_FIELDS))}")
+
+    kind = body.get("kind", "script")
+    if kind not in JOB_KINDS:
+        raise InvalidInput("kind", f"unknown kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
+
+    command = body.get("command")
+    if isinstance(command, str):
+        import shlex
+
+        try:
+            command_list = shlex.split(command)
+        except ValueError as err:
+            raise InvalidInput("command", f"cannot split command: {err}") from None
+    elif isinstance(command, (list, tuple)) and all(isinstance(c, str) for c in command):
+        command_list = list(command)
+    elif command is None and kind in ("notebook", "kernel", "cell"):
+        command_list = []
+    else:
+        raise InvalidInput("command", "expected a string or a list of strings, e.g. \"python train.py\"")
+    if kind == "script" and not command_list:
+        raise InvalidInput("command", "a script job needs a command, e.g. \"python train.py\"")
+
+    n_gpus = parse_gpu_count(body.get("gpus", 1))
+    gpu_type = body.get("gpu_type")
+    if gpu_type is not None:
+        if not isinstance(gpu_type, str) or not gpu_type.strip():
+            raise InvalidInput("gpu_type", f"expected a GPU model such as A100, got {gpu_type!r}")
+        gpu_type = gpu_type.strip()
+
+    if n_gpus > 0 and gpus:
+        candidates = [g for g in gpus if gpu_matches_type(g.name, gpu_type)]
+        if gpu_type and not candidates:
+            models = sorted({g.name for g in gpus})
+            raise InvalidInput("gpu_type", f"no {gpu_type} GPUs on this server; it has {', '.join(models)}")
+        per_host: dict[str, int] = {}
+        for g in candidates:
+            per_host[g.host] = per_host.get(g.host, 0) + 1
+        most = max(per_host.values())
+        if n_gpus > most:
+            what = f"{gpu_type} GPUs" if gpu_type else "GPUs"
+            raise InvalidInput("gpus", f"asked for {n_gpus} but this server has only {most} {what}")
+    elif gpu_type and not gpus and n_gpus > 0:
+        pass  # no inventory (yet): the job waits with "no GPUs on this server"
+
+    if body.get("time_limit") in (None, ""):
+        time_limit = policy.default_time_limit_s
+    else:
+        time_limit = parse_duration(body["time_limit"], "time_limit")
+    if policy.max_time_limit_s is not None and time_limit > policy.max_time_limit_s:
+        raise InvalidInput(
+            "time_limit",
+            f"{format_duration(time_limit)} is over the maximum of {format_duration(policy.max_time_limit_s)}",
+        )
+
+    priority = parse_priority(body.get("priority", "normal"))
+
+    name = body.get("name") or ""
+    if not isinstance(name, str) or len(name) > 200:
+        raise InvalidInput("name", "expected a string of at most 200 characters")
+    group = body.get("group")
+    if group is not None and (not isinstance(group, str) or not re.fullmatch(r"[\w.-]{1,64}", group)):
+        raise InvalidInput("group", f"expected a project name of letters, digits, '.', '_' or '-', got {group!r}")
+
+    for flag in ("preemptible", "requeue"):
+        if flag in body and not isinstance(body[flag], bool):
+            raise InvalidInput(flag, f"expected true or false, got {body[flag]!r}")
+
+    cwd = body.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise InvalidInput("cwd", "expected a directory path")
+    env = body.get("env") or {}
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidInput("env", "expected an object of string names to string values")
+    for key in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise InvalidInput("env", f"{key!r} is not a valid environment variable name")
+
+    begin: float | None = None
+    offpeak = False
+    when = body.get("when")
+    if when is not None:
+        if when != "offpeak":
+            raise InvalidInput("when", f"unknown value {when!r}; the only choice is 'offpeak'")
+        offpeak = True
+    raw_begin = body.get("begin")
+    if raw_begin not in (None, ""):
+        begin = parse_begin(raw_begin, now)
+
+    payload = body.get("payload") or {}
+    if not isinstance(payload, Mapping):
+        raise InvalidInput("payload", "expected an object")
+
+    array, array_limit = parse_array(body.get("array"))
+
+    return {
+        "kind": kind,
+        "command": command_list,
+        "name": name,
+        "gpus": n_gpus,
+        "gpu_type": gpu_type,
+        "time_limit_s": time_limit,
+        "priority": priority,
+        "group": group,
+        "preemptible": bool(body.get("preemptible", False)),
+        "requeue": bool(body.get("requeue", True)),
+        "begin": begin,
+        "offpeak": offpeak,
+        "depends": parse_dependencies(body.get("depends")),
+        "cwd": cwd,
+        "env": dict(env),
+        "payload": dict(payload),
+        "array": array,
+        "array_max_running": array_limit,
+    }
+
+
+def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
+    """Epoch seconds from an epoch number, an ISO time ("2026-12-02T22:00", UTC unless it has an
+    offset), or a delay ("now+2h", "+30m")."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str):
+        raise InvalidInput(field_name, f"expected a time such as 2026-12-02T22:00 or +2h, got {value!r}")
+    text = value.strip()
+    for prefix in ("now+", "+"):
+        if text.startswith(prefix):
+            return now + parse_duration(text[len(prefix):], field_name)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(field_name, f"cannot read time {value!r}; use e.g. 2026-12-02T22:00 or +2h") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
