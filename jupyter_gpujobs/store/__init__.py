@@ -1,0 +1,377 @@
+"""The store: the one place jobs, events and allocations are kept (SQLAlchemy 2).
+
+SQLite in WAL mode in the Jupyter data dir by default; any SQLAlchemy URL (PostgreSQL) by
+config. The schema is created and upgraded by alembic (`migrate()`), from the first table on.
+Every state change of a job goes through `transition()`, which writes the job and its event
+row in one transaction, so the audit log never disagrees with the jobs table. No scheduling
+logic lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..model import Dependency, Job, JobState
+from .tables import AllocationRow, Base, EventRow, JobRow, UsageRow
+
+__all__ = ["Store", "Event", "GPUAlreadyAllocated"]
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class GPUAlreadyAllocated(RuntimeError):
+    """Refused: the GPU is held by another job (the unique index said no)."""
+
+
+class Event(dict):
+    """An event row as a plain dict: id, job_id, time, state, actor, reason, data."""
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def _to_job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        user=row.user,
+        command=list(row.command or []),
+        kind=row.kind,
+        name=row.name,
+        gpus=row.gpus,
+        gpu_type=row.gpu_type,
+        time_limit_s=row.time_limit_s,
+        priority=row.priority,
+        group=row.group,
+        preemptible=row.preemptible,
+        requeue=row.requeue,
+        begin=row.begin,
+        offpeak=row.offpeak,
+        depends=tuple(Dependency(d["kind"], int(d["job_id"])) for d in (row.depends or [])),
+        array_job_id=row.array_job_id,
+        array_index=row.array_index,
+        array_max_running=row.array_max_running,
+        cwd=row.cwd,
+        env=dict(row.env or {}),
+        payload=dict(row.payload or {}),
+        state=JobState(row.state),
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        host=row.host,
+        assigned_gpus=tuple(row.assigned_gpus or ()),
+        borrowed=row.borrowed,
+        exit_code=row.exit_code,
+        signal=row.signal,
+        reason=row.reason or "",
+        run_seconds=row.run_seconds or 0.0,
+        restarts=row.restarts or 0,
+    )
+
+
+_ROW_FIELDS = {
+    "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
+    "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
+    "array_max_running", "cwd", "env", "payload", "state", "submitted_at", "started_at", "ended_at",
+    "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
+    "runner_handle", "log_path",
+}
+
+
+def _row_values(fields: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key == "depends":
+            values["depends"] = [{"kind": d.kind, "job_id": d.job_id} for d in value]
+        elif key == "state":
+            values["state"] = JobState(value).value
+        elif key == "assigned_gpus":
+            values["assigned_gpus"] = list(value)
+        elif key in _ROW_FIELDS:
+            values[key] = value
+        else:
+            raise KeyError(f"not a stored job field: {key}")
+    return values
+
+
+def default_url(data_dir: str | Path) -> str:
+    path = Path(data_dir) / "gpujobs.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+class Store:
+    """Repository over the tables. Thread-safe as SQLAlchemy sessions are: one per call."""
+
+    def __init__(self, url: str, echo: bool = False):
+        self.url = url
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: Engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    # ----------------------------------------------------------------- schema
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema to the newest alembic revision."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def session(self) -> Session:
+        return self._session()
+
+    # ----------------------------------------------------------------- jobs
+
+    def add_jobs(self, specs: Sequence[dict[str, Any]], actor: str, now: float) -> list[Job]:
+        """Insert new PENDING jobs (one transaction) with their "submitted" events."""
+        with self._session.begin() as s:
+            rows = []
+            for spec in specs:
+                row = JobRow(**_row_values({**spec, "state": JobState.PENDING, "submitted_at": now}))
+                row.command = row.command or []
+                for key, default in (("depends", []), ("env", {}), ("payload", {}), ("assigned_gpus", []),
+                                     ("runner_handle", {}), ("reason", ""), ("run_seconds", 0.0),
+                                     ("restarts", 0), ("borrowed", False), ("preemptible", False),
+                                     ("requeue", True), ("offpeak", False), ("name", "")):
+                    if getattr(row, key) is None:
+                        setattr(row, key, default)
+                s.add(row)
+                rows.append(row)
+            s.flush()
+            for row in rows:
+                s.add(EventRow(job_id=row.id, time=now, state="PENDING", actor=actor, reason="submitted", data={}))
+            return [_to_job(r) for r in rows]
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        """Change stored fields without a state change (no event)."""
+        with self._session.begin() as s:
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(**_row_values(fields)))
+
+    def get(self, job_id: int) -> Job | None:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return _to_job(row) if row else None
+
+    def get_many(self, ids: Iterable[int]) -> dict[int, Job]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        with self._session() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.id.in_(ids))).all()
+            return {r.id: _to_job(r) for r in rows}
+
+    def runner_handle(self, job_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return dict(row.runner_handle or {}) if row else {}
+
+    def log_path(self, job_id: int) -> str | None:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return row.log_path if row else None
+
+    def list_jobs(
+        self,
+        state: Sequence[str] | None = None,
+        user: str | None = None,
+        limit: int = 100,
+        cursor: int | None = None,
+        kind: str | None = None,
+    ) -> tuple[list[Job], int | None]:
+        """Newest first. `cursor` is the id to continue below; returns (jobs, next cursor)."""
+        q = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
+        if state:
+            q = q.where(JobRow.state.in_([JobState(s).value for s in state]))
+        if user:
+            q = q.where(JobRow.user == user)
+        if kind:
+            q = q.where(JobRow.kind == kind)
+        if cursor is not None:
+            q = q.where(JobRow.id < cursor)
+        with self._session() as s:
+            rows = s.scalars(q).all()
+        jobs = [_to_job(r) for r in rows[:limit]]
+        nxt = jobs[-1].id if len(rows) > limit and jobs else None
+        return jobs, nxt
+
+    def active_jobs(self) -> tuple[list[Job], list[Job]]:
+        """(pending, running), each in id order."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(JobRow).where(JobRow.state.in_(["PENDING", "RUNNING"])).order_by(JobRow.id)
+            ).all()
+        pending = [_to_job(r) for r in rows if r.state == "PENDING"]
+        running = [_to_job(r) for r in rows if r.state == "RUNNING"]
+        return pending, running
+
+    def final_states(self, ids: Iterable[int]) -> dict[int, JobState]:
+        ids = list(set(ids))
+        if not ids:
+            return {}
+        with self._session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.state).where(JobRow.id.in_(ids))).all()
+        return {i: JobState(st) for i, st in rows if JobState(st).is_final}
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._session() as s:
+            rows = s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all()
+        return {st: n for st, n in rows}
+
+    # ----------------------------------------------------------------- state changes
+
+    def transition(
+        self,
+        job_id: int,
+        state: JobState,
+        actor: str,
+        reason: str,
+        now: float,
+        expect: Sequence[JobState] | None = None,
+        data: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Job | None:
+        """Move a job to `state`, with its event, in one transaction.
+
+        With `expect`, the change only happens if the job is in one of those states (returns
+        None otherwise), so two actors racing (a cancel and an exit) cannot both win.
+        """
+        with self._session.begin() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                return None
+            if expect is not None and JobState(row.state) not in expect:
+                return None
+            for key, value in _row_values({**fields, "state": state, "reason": reason}).items():
+                setattr(row, key, value)
+            s.add(EventRow(job_id=job_id, time=now, state=JobState(state).value, actor=actor,
+                           reason=reason, data=data or {}))
+            if JobState(state) is not JobState.RUNNING:
+                s.execute(
+                    update(AllocationRow)
+                    .where(AllocationRow.job_id == job_id, AllocationRow.released_at.is_(None))
+                    .values(released_at=now)
+                )
+            s.flush()
+            return _to_job(row)
+
+    def start(
+        self,
+        job_id: int,
+        host: str,
+        gpus: Sequence[tuple[int, str]],
+        now: float,
+        borrowed: bool = False,
+        actor: str = "scheduler",
+        reason: str = "started",
+    ) -> Job | None:
+        """PENDING -> RUNNING with its GPU allocation, atomically.
+
+        Raises GPUAlreadyAllocated when any of the GPUs is held by a running job.
+        Returns None when the job is no longer pending (cancelled meanwhile).
+        """
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self._session.begin() as s:
+                row = s.get(JobRow, job_id, with_for_update=True)
+                if row is None or row.state != "PENDING":
+                    return None
+                for index, uuid in gpus:
+                    s.add(AllocationRow(job_id=job_id, host=host, gpu_index=index, gpu_uuid=uuid, started_at=now))
+                s.flush()
+                row.state = "RUNNING"
+                row.started_at = now
+                row.host = host
+                row.assigned_gpus = [i for i, _ in gpus]
+                row.borrowed = borrowed
+                row.reason = reason
+                s.add(EventRow(job_id=job_id, time=now, state="RUNNING", actor=actor, reason=reason,
+                               data={"host": host, "gpus": [i for i, _ in gpus], "borrowed": borrowed}))
+                s.flush()
+                return _to_job(row)
+        except IntegrityError as err:
+            raise GPUAlreadyAllocated(f"a GPU of {list(gpus)} on {host} is already allocated") from err
+
+    def active_allocations(self) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(select(AllocationRow).where(AllocationRow.released_at.is_(None))).all()
+            return [
+                {"job_id": r.job_id, "host": r.host, "gpu_index": r.gpu_index, "gpu_uuid": r.gpu_uuid,
+                 "started_at": r.started_at}
+                for r in rows
+            ]
+
+    # ----------------------------------------------------------------- events
+
+    def add_event(self, job_id: int, state: str, actor: str, reason: str, now: float,
+                  data: dict[str, Any] | None = None) -> None:
+        """An event without a state change (a warning, a finding)."""
+        with self._session.begin() as s:
+            s.add(EventRow(job_id=job_id, time=now, state=state, actor=actor, reason=reason, data=data or {}))
+
+    def events(self, job_id: int | None = None, since_id: int = 0, limit: int = 1000) -> list[Event]:
+        q = select(EventRow).where(EventRow.id > since_id).order_by(EventRow.id).limit(limit)
+        if job_id is not None:
+            q = q.where(EventRow.job_id == job_id)
+        with self._session() as s:
+            rows = s.scalars(q).all()
+        return [
+            Event(id=r.id, job_id=r.job_id, time=r.time, state=r.state, actor=r.actor, reason=r.reason,
+                  data=r.data or {})
+            for r in rows
+        ]
+
+    # ----------------------------------------------------------------- fair-share usage
+
+    def load_usage(self) -> dict[str, tuple[float, float]]:
+        with self._session() as s:
+            return {r.key: (r.gpu_seconds, r.updated_at) for r in s.scalars(select(UsageRow)).all()}
+
+    def save_usage(self, usage: dict[str, float], now: float) -> None:
+        with self._session.begin() as s:
+            for key, value in usage.items():
+                row = s.get(UsageRow, key)
+                if row is None:
+                    s.add(UsageRow(key=key, gpu_seconds=value, updated_at=now))
+                else:
+                    row.gpu_seconds = value
+                    row.updated_at = now
+
+
+def now() -> float:
+    return time.time()
+
+
+__all__ += ["Base", "default_url"]
