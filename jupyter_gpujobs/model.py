@@ -9,9 +9,10 @@ can answer 400 with a message a person can act on.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 class InvalidInput(ValueError):
@@ -304,7 +305,7 @@ class Job:
     position: int | None = None
     predicted_runtime_s: float | None = None
 
-    def replace(self, **changes: Any) -> "Job":
+    def replace(self, **changes: Any) -> Job:
         return replace(self, **changes)
 
     @classmethod

@@ -1,0 +1,382 @@
+"""`jupyter gpujobs ...`: the command line, on top of the one client.
+
+    jupyter gpujobs submit --gpus 1 --type A100 --time 30m -- python train.py
+    jupyter gpujobs queue | list | show ID | cancel ID | log -f ID | gpus | quota
+    jupyter gpujobs run-notebook NB.ipynb -g 1 -t 2h -p alpha=0.1
+    jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h
+
+Errors are one line on stderr and a non-zero exit (2 for a wrong command line, 1 for an
+answer of the engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .client import GPUJobsClient, GPUJobsError
+from .model import InvalidInput, format_duration
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    delta = t - now
+    if abs(delta) < 1:
+        return "now"
+    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _gpus_text(job: dict[str, Any]) -> str:
+    text = str(job["gpus"])
+    if job.get("gpu_type"):
+        text += f"x{job['gpu_type']}"
+    if job.get("assigned_gpus"):
+        text += " [" + ",".join(str(i) for i in job["assigned_gpus"]) + "]"
+    return text
+
+
+def format_jobs(jobs: list[dict[str, Any]], now: float) -> str:
+    rows = []
+    for j in jobs:
+        if j["state"] == "RUNNING":
+            when = f"{format_duration(now - j['started_at'])}/{format_duration(j['time_limit_s'])}"
+        elif j["state"] == "PENDING":
+            when = "starts " + _ago(j.get("expected_start"), now) if j.get("expected_start") else "-"
+        else:
+            when = "ended " + _ago(j.get("ended_at"), now)
+        rows.append([str(j["id"]), j["user"], j.get("name") or "-", j["state"], _gpus_text(j), j["priority"],
+                     when, j.get("reason") or ""])
+    return _table(rows, ["ID", "USER", "NAME", "STATE", "GPUS", "PRIORITY", "TIME", "REASON"])
+
+
+def format_queue(jobs: list[dict[str, Any]], now: float) -> str:
+    rows = []
+    for j in jobs:
+        rows.append([str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", _gpus_text(j),
+                     j["priority"], _ago(j.get("expected_start"), now) if j.get("expected_start") else "unknown",
+                     j.get("reason") or ""])
+    return _table(rows, ["POS", "ID", "USER", "NAME", "GPUS", "PRIORITY", "EXPECTED START", "REASON"])
+
+
+def format_gpus(gpus: list[dict[str, Any]]) -> str:
+    rows = []
+    for g in gpus:
+        mem = f"{g['memory_used_mb'] / 1024:.1f}/{g['memory_total_mb'] / 1024:.0f} GiB"
+        holder = f"job {g['job_id']} ({g['user']})" if g.get("job_id") else "free"
+        rows.append([str(g["index"]), g["name"], f"{g['utilization']:.0f}%", mem, holder])
+    return _table(rows, ["GPU", "MODEL", "UTIL", "MEMORY", "HELD BY"])
+
+
+def _env_pairs(pairs: Sequence[str], what: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UsageError(f"{what} {pair!r}: expected NAME=VALUE")
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+def _param_pairs(pairs: Sequence[str]) -> dict[str, Any]:
+    """`-p alpha=0.1 -p name=run1 -p layers=[1,2]`: values read as JSON when they parse."""
+    out: dict[str, Any] = {}
+    for key, value in _env_pairs(pairs, "parameter").items():
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="jupyter gpujobs", description="GPU job queue for Jupyter servers.")
+    p.add_argument("--url", help="Jupyter server URL (default: GPUJOBS_URL or the running server)")
+    p.add_argument("--token", help="Jupyter server token (default: GPUJOBS_TOKEN or the running server's)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    def job_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for a CPU job)")
+        sp.add_argument("--type", dest="gpu_type", help="GPU model, e.g. A100")
+        sp.add_argument("-t", "--time", dest="time_limit", help="time limit, e.g. 30m, 2h, 1d (default: server's)")
+        sp.add_argument("--priority", default=None, help="low, normal, high or urgent")
+        sp.add_argument("--name", help="job name")
+        sp.add_argument("--group", help="project the job is accounted to")
+        sp.add_argument("--preemptible", action="store_true", help="may be stopped and requeued for others")
+        sp.add_argument("--begin", help="not before this time (2026-12-24T20:00, +2h)")
+        sp.add_argument("--when", choices=["offpeak"], help="start only in off-peak hours")
+        sp.add_argument("--after", action="append", default=[], help="start after job ID ends")
+        sp.add_argument("--afterok", action="append", default=[], help="start after job ID completes")
+        sp.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+        sp.add_argument("--json", action="store_true", help="print the job as JSON")
+
+    s = sub.add_parser("submit", help="submit a command as a GPU job", description="Submit a command: "
+                       "jupyter gpujobs submit -g 1 -t 30m -- python train.py")
+    job_options(s)
+    s.add_argument("--array", help="job array, e.g. 0-15%%4 (index in GPUJOBS_ARRAY_INDEX)")
+    s.add_argument("--no-requeue", action="store_true", help="cancel instead of requeue when preempted")
+    s.add_argument("--cwd", help="working directory (default: the current one)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+    rn = sub.add_parser("run-notebook", help="queue a notebook for execution on GPUs")
+    job_options(rn)
+    rn.add_argument("notebook")
+    rn.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                    help="papermill-style parameter (value read as JSON when it parses)")
+    rn.add_argument("--kernel", help="kernel name (default: the notebook's own)")
+    rn.add_argument("--output", help="path of the executed notebook (default: next to the input)")
+
+    q = sub.add_parser("queue", help="pending jobs in scheduling order")
+    q.add_argument("--json", action="store_true")
+    ls = sub.add_parser("list", help="jobs, newest first")
+    ls.add_argument("--state", help="e.g. RUNNING,PENDING")
+    ls.add_argument("--user", help="only this user's jobs ('me' for yours)")
+    ls.add_argument("--all", action="store_true", help="everyone's jobs (default: yours)")
+    ls.add_argument("-n", "--limit", type=int, default=50)
+    ls.add_argument("--json", action="store_true")
+    sh = sub.add_parser("show", help="one job and its events")
+    sh.add_argument("id", type=int)
+    sh.add_argument("--json", action="store_true")
+    c = sub.add_parser("cancel", help="cancel jobs")
+    c.add_argument("ids", type=int, nargs="+")
+    lg = sub.add_parser("log", help="print a job's output")
+    lg.add_argument("id", type=int)
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    g = sub.add_parser("gpus", help="the GPUs and who holds them")
+    g.add_argument("--json", action="store_true")
+    qt = sub.add_parser("quota", help="show your quota, or (admins) set one")
+    qt.add_argument("--user", help="whose quota to show (admins)")
+    qt.add_argument("--set", nargs=2, metavar=("SCOPE:NAME", "JSON"),
+                    help="admins: set a quota, e.g. --set group:vision '{\"guaranteed_gpus\": 4}'")
+    qt.add_argument("--clear", metavar="SCOPE:NAME", help="admins: remove a quota set through the API")
+    qt.add_argument("--json", action="store_true")
+
+    ks = sub.add_parser("kernelspec", help="install GPU kernelspecs")
+    ks_sub = ks.add_subparsers(dest="ks_cmd", metavar="ACTION", parser_class=_Parser)
+    ki = ks_sub.add_parser("install", help="write a kernelspec whose kernels queue for GPUs")
+    ki.add_argument("--name", required=True)
+    ki.add_argument("--display-name")
+    ki.add_argument("-g", "--gpus", type=int, default=1)
+    ki.add_argument("-t", "--time", dest="time_limit", default="4h")
+    ki.add_argument("--type", dest="gpu_type")
+    ki.add_argument("--priority", default="normal")
+    ki.add_argument("--idle-timeout", help="shut the kernel down after this long idle, e.g. 30m")
+    ki.add_argument("--max-wait", help="give up starting after waiting this long in the queue")
+    ki.add_argument("--kernel", default="python3", help="kernelspec to wrap (default python3)")
+    where = ki.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for this user")
+    where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
+    where.add_argument("--prefix", help="install under this prefix")
+    ks_sub.add_parser("list", help="the installed GPU kernelspecs")
+    return p
+
+
+def _client(args: argparse.Namespace) -> GPUJobsClient:
+    return GPUJobsClient(url=args.url, token=args.token)
+
+
+def _job_body(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        gpus = int(args.gpus)
+    except ValueError:
+        raise UsageError(f"--gpus: expected a whole number, got {args.gpus!r}") from None
+    body: dict[str, Any] = {"gpus": gpus}
+    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when"):
+        if getattr(args, key, None) is not None:
+            body[key] = getattr(args, key)
+    if args.preemptible:
+        body["preemptible"] = True
+    deps = [f"after:{i}" for i in args.after] + [f"afterok:{i}" for i in args.afterok]
+    if deps:
+        body["depends"] = deps
+    if args.env:
+        body["env"] = _env_pairs(args.env, "--env")
+    return body
+
+
+def _print_job(job: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(job, indent=2))
+        return
+    extra = ""
+    if job["state"] == "PENDING":
+        where = f"position {job['position']}" if job.get("position") else "queued"
+        extra = f" ({where}; {job.get('reason')})" if job.get("reason") else f" ({where})"
+    print(f"job {job['id']} {job['state']}{extra}")
+
+
+def run(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    now = time.time()
+    if args.cmd is None:
+        build_parser().print_help()
+        return 2
+    if args.cmd == "kernelspec":
+        from . import kernelspec
+
+        return kernelspec.main(args)
+    if args.cmd == "submit":
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            raise UsageError("submit: give the command after --, e.g. jupyter gpujobs submit -g 1 -- python train.py")
+        body = _job_body(args)
+        body["command"] = command
+        body["cwd"] = os.path.abspath(args.cwd or os.getcwd())
+        if args.array:
+            body["array"] = args.array
+        if args.no_requeue:
+            body["requeue"] = False
+        job = _client(args).submit(**body)
+        if job.get("array_tasks") and not args.json:
+            print(f"job array {job['id']}: tasks {', '.join(str(t) for t in job['array_tasks'])}")
+        else:
+            _print_job(job, args.json)
+        return 0
+    if args.cmd == "run-notebook":
+        body = _job_body(args)
+        nb = args.notebook
+        job = _client(args).submit_notebook(
+            os.path.abspath(nb), parameters=_param_pairs(args.parameter), kernel=args.kernel,
+            output=os.path.abspath(args.output) if args.output else None, **body)
+        if args.json:
+            print(json.dumps(job, indent=2))
+        else:
+            _print_job(job, False)
+            if job.get("output_notebook"):
+                print(f"output notebook: {job['output_notebook']}")
+        return 0
+    client = _client(args)
+    if args.cmd == "queue":
+        jobs = client.queue()
+        print(json.dumps(jobs, indent=2) if args.json else (format_queue(jobs, now) if jobs else "queue is empty"))
+    elif args.cmd == "list":
+        user = args.user
+        if user == "me" or (user is None and not args.all):
+            user = client.whoami()["user"]
+        jobs = client.jobs(state=args.state, user=user, limit=args.limit)["jobs"]
+        print(json.dumps(jobs, indent=2) if args.json else (format_jobs(jobs, now) if jobs else "no jobs"))
+    elif args.cmd == "show":
+        job = client.job(args.id)
+        if args.json:
+            job["events"] = client.events(args.id)
+            print(json.dumps(job, indent=2))
+        else:
+            print(format_jobs([job], now))
+            print("command: " + " ".join(job.get("command") or []))
+            for e in client.events(args.id):
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
+                print(f"  {stamp}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}")
+    elif args.cmd == "cancel":
+        failed = 0
+        for job_id in args.ids:
+            try:
+                job = client.cancel(job_id)
+                print(f"job {job_id} {job['state']}")
+            except GPUJobsError as err:
+                print(f"error: job {job_id}: {err.message}", file=sys.stderr)
+                failed += 1
+        return 1 if failed else 0
+    elif args.cmd == "log":
+        if args.follow:
+            for chunk in client.follow_log(args.id):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        else:
+            offset = 0
+            while True:
+                chunk = client.log(args.id, offset)
+                sys.stdout.write(chunk["data"])
+                if not chunk["data"] or chunk["offset"] == offset:
+                    break
+                offset = chunk["offset"]
+    elif args.cmd == "gpus":
+        gpus = client.gpus()
+        print(json.dumps(gpus, indent=2) if args.json else (format_gpus(gpus) if gpus else "no GPUs on this server"))
+    elif args.cmd == "quota":
+        return _quota(client, args)
+    return 0
+
+
+def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
+    target = args.set[0] if args.set else args.clear
+    if target:
+        scope, _, name = target.partition(":")
+        if scope not in ("user", "group") or not name:
+            raise UsageError(f"quota: {target!r}: expected user:NAME or group:NAME")
+        quota = None
+        if args.set:
+            try:
+                quota = json.loads(args.set[1])
+            except ValueError as err:
+                raise UsageError(f"quota: the quota is not JSON: {err}") from None
+        client.set_quota(scope + "s", name, quota)
+        print(f"quota of {scope} {name}: {json.dumps(quota) if quota else 'cleared'}")
+        return 0
+    q = client.quota(args.user)
+    if args.json:
+        print(json.dumps(q, indent=2))
+        return 0
+
+    def lim(v: Any) -> str:
+        return "no limit" if v is None else str(v)
+
+    print(f"user {q['user']}")
+    print(f"  running GPUs   {q['running_gpus']} (guaranteed {q['guaranteed_gpus']}, "
+          f"max {lim(q['max_gpus'])}, borrowed {q['borrowed_gpus']})")
+    print(f"  running jobs   {q['running_jobs']} (max {lim(q['max_running_jobs'])})")
+    print(f"  queued jobs    {q['pending_jobs']}")
+    print(f"  max time limit {format_duration(q['max_time_limit_s'])}")
+    for name, g in q.get("groups", {}).items():
+        gq = g.get("quota") or {}
+        print(f"  group {name}: {g['running_gpus']} GPUs running (guaranteed {gq.get('guaranteed_gpus', 0)}, "
+              f"max {lim(gq.get('max_gpus'))})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 2
+    except GPUJobsError as err:
+        where = f" ({err.field})" if err.field and not err.message.startswith(err.field) else ""
+        print(f"error{where}: {err.message}", file=sys.stderr)
+        code = 1
+    except InvalidInput as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""The one Python client of the jupyter-gpujobs REST API, sync (`GPUJobsClient`) and async
+(`AsyncGPUJobsClient`). The CLI, the magics, the widgets and the kernel provisioner all use it.
+
+With no arguments it finds the engine by itself: `GPUJOBS_URL` / `GPUJOBS_TOKEN` (set in every
+kernel and job the server starts), else the running Jupyter servers in Jupyter's runtime dir.
+
+    from jupyter_gpujobs.client import GPUJobsClient
+    jobs = GPUJobsClient()
+    job = jobs.submit("python train.py", gpus=1, time_limit="30m")
+    jobs.wait(job["id"])
+
+Each API call is described once (method, path, parameters); the sync and async clients differ
+only in how they send it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+
+API = "gpujobs/api/"
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST")
+
+
+class GPUJobsError(RuntimeError):
+    """An error answer from the engine, or no engine to talk to.
+
+    `status` is the HTTP status (None when the engine could not be reached), `field` the
+    request field the engine named as wrong.
+    """
+
+    def __init__(self, message: str, status: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.field = field
+
+
+def _running_servers() -> list[dict[str, Any]]:
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:  # pragma: no cover - jupyter_server is a dependency
+        return []
+    return list(list_running_servers())
+
+
+def find_server(url: str | None = None, token: str | None = None) -> tuple[str, str]:
+    """(base URL ending in '/', token) of the engine to talk to."""
+    if url:
+        return url.rstrip("/") + "/", token if token is not None else os.environ.get("GPUJOBS_TOKEN", "")
+    env_url = os.environ.get("GPUJOBS_URL")
+    if env_url:
+        return env_url.rstrip("/") + "/", token if token is not None else os.environ.get("GPUJOBS_TOKEN", "")
+    candidates = _running_servers()
+    for info in candidates:
+        base = info.get("url", "").rstrip("/") + "/"
+        tok = token if token is not None else info.get("token", "")
+        try:
+            r = httpx.get(base + API + "whoami", headers=_auth(tok), timeout=2.0)
+        except httpx.HTTPError:
+            continue
+        if r.status_code == 200:
+            return base, tok
+    if candidates:
+        raise GPUJobsError(
+            "found running Jupyter servers, but none hosts jupyter-gpujobs; is the extension enabled? "
+            "(jupyter server extension list)"
+        )
+    raise GPUJobsError(
+        "no running Jupyter server with jupyter-gpujobs found; start one with `jupyter lab`, "
+        "or pass --url and --token (or set GPUJOBS_URL and GPUJOBS_TOKEN)"
+    )
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"token {token}"} if token else {}
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _raise_for(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+            message = body.get("message") or response.reason_phrase
+            field = body.get("field")
+        except ValueError:
+            message, field = response.text.strip() or response.reason_phrase, None
+        if response.status_code in (401, 403) and not field and "belongs to" not in message:
+            message = f"{message} (check the token: --token or GPUJOBS_TOKEN)"
+        raise GPUJobsError(message, status=response.status_code, field=field)
+    if not response.content:
+        return None
+    return response.json()
+
+
+class _Calls:
+    """Every API call, described once. `_call` sends it (sync or async)."""
+
+    url: str
+    token: str
+
+    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+              body: Any = None, pick: Callable[[Any], Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    # --- GPUs and identity
+    def gpus(self) -> Any:
+        """The GPU inventory: index, uuid, name, memory, utilization, job_id and user holding it."""
+        return self._call("GET", "gpus", pick=lambda d: d["gpus"])
+
+    def whoami(self) -> Any:
+        return self._call("GET", "whoami")
+
+    # --- jobs
+    def submit(self, command: str | list[str] | None = None, *, gpus: int = 1, gpu_type: str | None = None,
+               time_limit: str | int | None = None, priority: str | None = None, name: str | None = None,
+               cwd: str | None = None, env: dict[str, str] | None = None, **extra: Any) -> Any:
+        """Submit a job; returns it (state PENDING). `extra`: group, preemptible, requeue, begin,
+        when, depends, array, kind, payload."""
+        body = _drop_none({"command": command, "gpus": gpus, "gpu_type": gpu_type, "time_limit": time_limit,
+                           "priority": priority, "name": name, "cwd": cwd, "env": env, **extra})
+        return self._call("POST", "jobs", body=body)
+
+    def submit_notebook(self, notebook: str, *, parameters: dict[str, Any] | None = None,
+                        kernel: str | None = None, output: str | None = None, gpus: int = 1, **options: Any) -> Any:
+        """Queue a notebook for execution on allocated GPUs (nbclient, papermill-style parameters)."""
+        payload = _drop_none({"notebook": notebook, "parameters": parameters or {}, "kernel": kernel,
+                              "output": output})
+        return self.submit(None, kind="notebook", payload=payload, gpus=gpus, **options)
+
+    def jobs(self, state: str | list[str] | None = None, user: str | None = None, limit: int | None = None,
+             cursor: int | None = None, kind: str | None = None) -> Any:
+        """`{"jobs": [...], "next": cursor}`, newest first."""
+        if isinstance(state, (list, tuple)):
+            state = ",".join(state)
+        return self._call("GET", "jobs", params=_drop_none(
+            {"state": state, "user": user, "limit": limit, "cursor": cursor, "kind": kind}))
+
+    def job(self, job_id: int) -> Any:
+        return self._call("GET", f"jobs/{int(job_id)}")
+
+    def cancel(self, job_id: int) -> Any:
+        """Cancel a pending or running job; returns it as it is after up to a few seconds."""
+        return self._call("DELETE", f"jobs/{int(job_id)}")
+
+    def end(self, job_id: int, state: str = "COMPLETED", reason: str | None = None) -> Any:
+        """Report the end of a job whose process the engine did not start (a kernel)."""
+        return self._call("POST", f"jobs/{int(job_id)}/end", body=_drop_none({"state": state, "reason": reason}))
+
+    def log(self, job_id: int, offset: int = 0) -> Any:
+        """`{"offset": next offset, "data": text, "done": bool}`."""
+        return self._call("GET", f"jobs/{int(job_id)}/log", params={"offset": offset})
+
+    def events(self, job_id: int) -> Any:
+        return self._call("GET", f"jobs/{int(job_id)}/events", pick=lambda d: d["events"])
+
+    def queue(self) -> Any:
+        """Pending jobs in scheduling order, with position, reason and expected start."""
+        return self._call("GET", "queue", pick=lambda d: d["jobs"])
+
+    # --- quotas
+    def quota(self, user: str | None = None) -> Any:
+        return self._call("GET", "quota", params=_drop_none({"user": user}))
+
+    def set_quota(self, scope: str, name: str, quota: dict[str, Any] | None) -> Any:
+        """Admin: set (or with None, clear) the quota of a user (`scope="users"`) or group."""
+        return self._call("PUT", "quota", body={"scope": scope, "name": name, "quota": quota})
+
+    # --- other engine views
+    def openapi(self) -> Any:
+        return self._call("GET", "openapi.json")
+
+    def api(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None) -> Any:
+        """Any other endpoint under gpujobs/api/ (e.g. usage, findings, metrics)."""
+        return self._call(method, path, params=params, body=body)
+
+
+class GPUJobsClient(_Calls):
+    """Synchronous client. `GPUJobsClient()` finds the engine; or pass url= and token=."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.url, self.token = find_server(url, token)
+        self._http = httpx.Client(base_url=self.url + API, headers=_auth(self.token), timeout=timeout)
+
+    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+              body: Any = None, pick: Callable[[Any], Any] | None = None) -> Any:
+        try:
+            r = self._http.request(method, path, params=params, json=body)
+        except httpx.HTTPError as err:
+            raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+        data = _raise_for(r)
+        return pick(data) if pick else data
+
+    def wait(self, job_id: int, timeout: float | None = None, interval: float = 0.2) -> Any:
+        """Block until the job ends (or `timeout` seconds pass); returns the job."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in FINAL_STATES:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                return job
+            time.sleep(interval)
+
+    def follow_log(self, job_id: int, offset: int = 0, interval: float = 0.2) -> Iterator[str]:
+        """Yield the log as it grows, until the job has ended and all of it was read."""
+        while True:
+            chunk = self.log(job_id, offset)
+            offset = chunk["offset"]
+            if chunk["data"]:
+                yield chunk["data"]
+            if chunk["done"]:
+                return
+            if not chunk["data"]:
+                time.sleep(interval)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GPUJobsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncGPUJobsClient(_Calls):
+    """Asynchronous client (every call is awaitable); plus `subscribe()` to the event websocket."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.url, self.token = find_server(url, token)
+        self._http = httpx.AsyncClient(base_url=self.url + API, headers=_auth(self.token), timeout=timeout)
+
+    async def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
+                    pick: Callable[[Any], Any] | None) -> Any:
+        try:
+            r = await self._http.request(method, path, params=params, json=body)
+        except httpx.HTTPError as err:
+            raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+        data = _raise_for(r)
+        return pick(data) if pick else data
+
+    def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+              body: Any = None, pick: Callable[[Any], Any] | None = None) -> Any:
+        return self._send(method, path, params, body, pick)
+
+    async def wait(self, job_id: int, timeout: float | None = None, interval: float = 0.2) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = await self.job(job_id)
+            if job["state"] in FINAL_STATES or (deadline is not None and time.monotonic() > deadline):
+                return job
+            await asyncio.sleep(interval)
+
+    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield engine events (`{"type": "job", ...}`, `{"type": "gpus", ...}`) as they happen."""
+        from tornado.httpclient import HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        ws_url = "ws" + self.url[len("http"):] + API + "events"
+        conn = await websocket_connect(HTTPRequest(ws_url, headers=_auth(self.token)))
+        try:
+            while True:
+                msg = await conn.read_message()
+                if msg is None:
+                    return
+                yield json.loads(msg)
+        finally:
+            conn.close()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncGPUJobsClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

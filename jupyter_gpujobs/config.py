@@ -1,0 +1,229 @@
+"""Configuration of the engine: the `c.GPUJobs.*` traitlets an admin sets in
+`jupyter_server_config.py`, and their translation into the scheduler's `Policy`.
+
+Every value is checked when the server starts; a wrong one stops the start with a message
+naming the setting, rather than being half-applied.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, Union, validate
+from traitlets.config import Configurable
+
+from .model import (
+    InvalidInput,
+    OffpeakWindow,
+    Policy,
+    Quota,
+    parse_duration,
+    parse_fake_gpus,
+)
+
+_DAYS = {"mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5, "sun": 6}
+
+
+def parse_offpeak(text: str) -> OffpeakWindow:
+    """`"mon-fri 20:00-08:00"`, `"sat-sun"`, `"thu 14:00-24:00"` -> OffpeakWindow."""
+    parts = text.strip().lower().split()
+    if not parts or len(parts) > 2:
+        raise InvalidInput("offpeak_windows", f"cannot read {text!r}; write e.g. 'mon-fri 20:00-08:00' or 'sat-sun'")
+    day_part = parts[0]
+    if "-" in day_part:
+        first, last = day_part.split("-", 1)
+    else:
+        first = last = day_part
+    if first[:3] not in _DAYS or last[:3] not in _DAYS:
+        raise InvalidInput("offpeak_windows", f"unknown weekday in {text!r}; use mon..sun")
+    a, b = _DAYS[first[:3]], _DAYS[last[:3]]
+    days = tuple(range(a, b + 1)) if a <= b else tuple(list(range(a, 7)) + list(range(0, b + 1)))
+    start, end = 0.0, 24.0
+    if len(parts) == 2:
+        try:
+            s, e = parts[1].split("-")
+            start = _hour(s)
+            end = _hour(e)
+        except ValueError:
+            raise InvalidInput("offpeak_windows", f"cannot read hours in {text!r}; write e.g. 20:00-08:00") from None
+        if end <= start:
+            end += 24.0  # wraps past midnight
+    return OffpeakWindow(days=days, start_hour=start, end_hour=end)
+
+
+def _hour(text: str) -> float:
+    h, _, m = text.partition(":")
+    hour, minute = int(h), int(m or 0)
+    if not (0 <= hour <= 24 and 0 <= minute < 60):
+        raise ValueError(text)
+    return hour + minute / 60
+
+
+def _quota(where: str, value: Any) -> Quota:
+    if isinstance(value, Quota):
+        return value
+    if not isinstance(value, dict):
+        raise TraitError(f"{where}: expected a dict such as {{'guaranteed_gpus': 2, 'max_gpus': 4}}")
+    known = {"guaranteed_gpus", "max_gpus", "max_running_jobs", "max_time_limit", "elastic"}
+    unknown = set(value) - known
+    if unknown:
+        raise TraitError(f"{where}: unknown key {sorted(unknown)[0]!r}; known keys are {', '.join(sorted(known))}")
+    tl = value.get("max_time_limit")
+    try:
+        return Quota(
+            guaranteed_gpus=int(value.get("guaranteed_gpus", 0)),
+            max_gpus=None if value.get("max_gpus") is None else int(value["max_gpus"]),
+            max_running_jobs=None if value.get("max_running_jobs") is None else int(value["max_running_jobs"]),
+            max_time_limit_s=None if tl is None else parse_duration(tl, f"{where}.max_time_limit"),
+            elastic=bool(value.get("elastic", True)),
+        )
+    except InvalidInput as err:
+        raise TraitError(str(err)) from None
+
+
+def quota_to_dict(q: Quota | None) -> dict[str, Any] | None:
+    if q is None:
+        return None
+    return {
+        "guaranteed_gpus": q.guaranteed_gpus,
+        "max_gpus": q.max_gpus,
+        "max_running_jobs": q.max_running_jobs,
+        "max_time_limit_s": q.max_time_limit_s,
+        "elastic": q.elastic,
+    }
+
+
+class GPUJobs(Configurable):
+    """Settings of the jupyter-gpujobs engine (`c.GPUJobs.<name>` in jupyter_server_config.py)."""
+
+    db_url = Unicode(
+        "", config=True,
+        help="SQLAlchemy URL of the store. Empty: SQLite file gpujobs/gpujobs.sqlite in the Jupyter data dir.",
+    )
+    state_dir = Unicode(
+        "", config=True, help="Folder for job logs and supervisor state. Empty: gpujobs/ in the Jupyter data dir."
+    )
+    fake_gpus = Unicode(
+        os.environ.get("GPUJOBS_FAKE_GPUS", ""), config=True,
+        help="Fake GPUs for demos and machines without GPUs, e.g. '4xA100-80GB,2xT4'. "
+        "Also read from the environment variable GPUJOBS_FAKE_GPUS.",
+    )
+    default_time_limit = Union([Integer(), Unicode()], default_value="1h", config=True,
+                               help="Time limit of a job that gives none (e.g. '1h', 3600).")
+    max_time_limit = Union([Integer(), Unicode()], default_value="7d", config=True,
+                           help="Longest time limit a job may ask for.")
+    kill_grace = Union([Integer(), Unicode()], default_value="10s", config=True,
+                       help="Time between SIGTERM and SIGKILL when a job is stopped at its limit or cancelled.")
+    preempt_grace = Union([Integer(), Unicode()], default_value="30s", config=True,
+                          help="Time a preempted job gets between SIGTERM and SIGKILL (GPUJOBS_PREEMPT_GRACE).")
+    time_limit_warning = Union([Integer(), Unicode()], default_value="5m", config=True,
+                               help="How long before its time limit a job gets a warning event.")
+    user_max_running_jobs = Integer(None, allow_none=True, config=True, help="Running jobs per user (None: no limit).")
+    user_max_gpus = Integer(None, allow_none=True, config=True, help="GPUs in use per user (None: no limit).")
+    backfill = Bool(True, config=True, help="EASY backfill: short jobs start ahead if they delay no reserved job.")
+    fairshare = Bool(True, config=True, help="Order the queue by fair-share usage as well as age and class.")
+    fairshare_half_life = Union([Integer(), Unicode()], default_value="7d", config=True,
+                                help="Half-life of past GPU usage in fair-share.")
+    weight_age = Float(1.0, config=True, help="Weight of queue age in the multifactor priority.")
+    weight_fairshare = Float(2.0, config=True, help="Weight of fair-share in the multifactor priority.")
+    weight_class = Float(4.0, config=True, help="Weight of the priority class in the multifactor priority.")
+    weight_size = Float(0.25, config=True, help="Weight of job size (GPUs) in the multifactor priority.")
+    user_shares = Dict(config=True, help="Fair-share shares per user, e.g. {'alice': 2, 'bob': 1}. Missing: 1.")
+    group_shares = Dict(config=True, help="Fair-share shares per group (project).")
+    user_quotas = Dict(config=True, help="Quotas per user: {'alice': {'guaranteed_gpus': 2, 'max_gpus': 4, "
+                                         "'max_running_jobs': 8, 'max_time_limit': '2d', 'elastic': True}}.")
+    group_quotas = Dict(config=True, help="Quotas per group (project), same keys as user_quotas.")
+    default_user_quota = Dict(config=True, help="Quota of users not in user_quotas (empty: none).")
+    group_members = Dict(config=True, help="Groups a user may submit to: {'vision': ['alice', 'bob']}. "
+                                           "Empty: any user may name any group.")
+    urgent_reserve_gpus = Integer(0, config=True, help="GPUs that only 'urgent' jobs may use.")
+    preemption = Bool(True, config=True, help="Let guaranteed and urgent jobs reclaim GPUs from borrowers.")
+    offpeak_windows = List(Unicode(), default_value=["mon-fri 20:00-08:00", "sat-sun"], config=True,
+                           help="Off-peak windows in local time for --when offpeak jobs.")
+    admin_users = List(Unicode(), config=True, help="Users who may see and cancel every job and set quotas. "
+                                                    "The user running the server is always an admin.")
+    user_identity = Unicode("auto", config=True,
+                            help="Who owns a job: 'unix' (the user running the server; right for a personal "
+                                 "server), 'jupyter' (the authenticated Jupyter user, e.g. under JupyterHub), "
+                                 "or 'auto' (jupyter when the server has named users, else unix).")
+    max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
+    poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
+    tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")
+
+    @validate("fake_gpus")
+    def _check_fake(self, proposal: Any) -> str:
+        try:
+            parse_fake_gpus(proposal["value"])
+        except InvalidInput as err:
+            raise TraitError(f"c.GPUJobs.fake_gpus: {err.message}") from None
+        return proposal["value"]
+
+    @validate("default_time_limit", "max_time_limit", "kill_grace", "preempt_grace", "time_limit_warning",
+              "fairshare_half_life")
+    def _check_duration(self, proposal: Any) -> Any:
+        name = proposal["trait"].name
+        try:
+            parse_duration(proposal["value"], f"c.GPUJobs.{name}")
+        except InvalidInput as err:
+            raise TraitError(str(err)) from None
+        return proposal["value"]
+
+    @validate("offpeak_windows")
+    def _check_offpeak(self, proposal: Any) -> Any:
+        for text in proposal["value"]:
+            try:
+                parse_offpeak(text)
+            except InvalidInput as err:
+                raise TraitError(f"c.GPUJobs.{err}") from None
+        return proposal["value"]
+
+    @validate("user_quotas", "group_quotas")
+    def _check_quotas(self, proposal: Any) -> Any:
+        name = proposal["trait"].name
+        for who, value in proposal["value"].items():
+            _quota(f"c.GPUJobs.{name}[{who!r}]", value)
+        return proposal["value"]
+
+    @validate("user_identity")
+    def _check_identity(self, proposal: Any) -> Any:
+        if proposal["value"] not in ("auto", "unix", "jupyter"):
+            raise TraitError(f"c.GPUJobs.user_identity: {proposal['value']!r} is not one of auto, unix, jupyter")
+        return proposal["value"]
+
+    def seconds(self, name: str) -> int:
+        return parse_duration(getattr(self, name), f"c.GPUJobs.{name}")
+
+    def policy(self, overrides: dict[str, Any] | None = None) -> Policy:
+        """The scheduler Policy for these settings; `overrides` are quota changes made through the API."""
+        overrides = overrides or {}
+        user_quotas = {u: _quota(f"user_quotas[{u!r}]", q) for u, q in self.user_quotas.items()}
+        group_quotas = {g: _quota(f"group_quotas[{g!r}]", q) for g, q in self.group_quotas.items()}
+        user_quotas.update({u: _quota(u, q) for u, q in overrides.get("users", {}).items()})
+        group_quotas.update({g: _quota(g, q) for g, q in overrides.get("groups", {}).items()})
+        default_quota = _quota("default_user_quota", self.default_user_quota) if self.default_user_quota else None
+        import time as _time
+
+        return Policy(
+            default_time_limit_s=self.seconds("default_time_limit"),
+            max_time_limit_s=self.seconds("max_time_limit"),
+            user_max_running_jobs=self.user_max_running_jobs,
+            user_max_gpus=self.user_max_gpus,
+            backfill=self.backfill,
+            weight_age=self.weight_age,
+            weight_fairshare=self.weight_fairshare,
+            weight_class=self.weight_class,
+            weight_size=self.weight_size,
+            fairshare=self.fairshare,
+            fairshare_half_life_s=self.seconds("fairshare_half_life"),
+            user_shares={str(k): float(v) for k, v in self.user_shares.items()},
+            group_shares={str(k): float(v) for k, v in self.group_shares.items()},
+            user_quotas=user_quotas,
+            group_quotas=group_quotas,
+            default_user_quota=default_quota,
+            urgent_reserve_gpus=self.urgent_reserve_gpus,
+            preemption=self.preemption,
+            preempt_grace_s=self.seconds("preempt_grace"),
+            offpeak_windows=tuple(parse_offpeak(w) for w in self.offpeak_windows),
+            utc_offset_s=-_time.timezone if not _time.daylight else -_time.altzone,
+        )

@@ -1,0 +1,91 @@
+"""The Jupyter server extension: builds the engine from `c.GPUJobs` settings, mounts the
+REST API and websocket, starts the engine loops once the server's event loop runs, and gives
+kernels what the client needs (GPUJOBS_URL, GPUJOBS_TOKEN) in their environment.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Instance
+
+from ..config import GPUJobs
+from ..gpus import make_backend
+from ..runners import LocalRunner
+from ..service import JobService
+from ..store import Store, default_url
+from .handlers import HANDLERS
+
+
+class GPUJobsApp(ExtensionApp):
+    name = "jupyter_gpujobs"
+    description = "GPU job queue and scheduler for Jupyter"
+    load_other_extensions = True
+
+    settings_obj = Instance(GPUJobs, allow_none=True)
+    service = Instance(JobService, allow_none=True)
+
+    def initialize_settings(self) -> None:
+        server = self.serverapp
+        cfg = GPUJobs(parent=server)
+        self.settings_obj = cfg
+        data_dir = Path(cfg.state_dir or os.path.join(jupyter_data_dir(), "gpujobs"))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(cfg.db_url or default_url(data_dir))
+        store.migrate()
+        backend = make_backend(cfg.fake_gpus or None, self.log)
+        runner = LocalRunner(data_dir / "run")
+
+        unix_user = getpass.getuser()
+        identity = cfg.user_identity
+        if identity == "auto":
+            from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvider
+
+            provider = type(server.identity_provider)
+            identity = "unix" if provider in (IdentityProvider, PasswordIdentityProvider) else "jupyter"
+
+        url = server.connection_url.rstrip("/") + "/"
+        token = server.identity_provider.token or ""
+        job_env = {"GPUJOBS_URL": url, "GPUJOBS_TOKEN": token}
+        # Kernels (and jobs) started by this server find the engine with no arguments.
+        os.environ.update(job_env)
+
+        self.service = JobService(
+            store, backend, runner, cfg.policy(),
+            state_dir=data_dir,
+            root_dir=Path(server.root_dir).expanduser().resolve(),
+            job_env=job_env,
+            admin_users=set(cfg.admin_users) | ({unix_user} if identity == "unix" else set()),
+            group_members={k: list(v) for k, v in cfg.group_members.items()},
+            kill_grace_s=cfg.seconds("kill_grace"),
+            time_limit_warning_s=cfg.seconds("time_limit_warning"),
+            poll_interval=cfg.poll_interval,
+            tick_interval=cfg.tick_interval,
+        )
+        self.settings.update({
+            "gpujobs_service": self.service,
+            "gpujobs_identity": identity,
+            "gpujobs_unix_user": unix_user,
+            "gpujobs_max_body": cfg.max_body_bytes,
+        })
+        gpus = backend.inventory()
+        summary = ", ".join(sorted({g.name for g in gpus})) or "none"
+        self.log.info("gpujobs: %d GPU(s) via %s (%s); store %s; owner identity: %s",
+                      len(gpus), backend.name, summary, store.url.split("?")[0], identity)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(HANDLERS)
+
+    async def _start_jupyter_server_extension(self, serverapp: object) -> None:
+        assert self.service is not None
+        await self.service.start()
+
+    async def stop_extension(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+            self.service.store.close()
+            self.service.gpus.close()

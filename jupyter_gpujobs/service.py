@@ -1,0 +1,595 @@
+"""The engine: owns the job life cycle between the store, the scheduler and the runner.
+
+It wakes on a submission, a job's exit or a tick; takes a snapshot (active jobs, GPUs, usage);
+calls the pure `schedule()`; carries the plan out through the runner; and publishes every
+state change to listeners (the websocket). It never speaks HTTP: the server's handlers call
+its methods and turn `InvalidInput` / `PermissionDenied` / `NotFound` into 4xx answers.
+
+The service keeps the active (pending and running) jobs in memory as well as in the store,
+because it is their only writer: a cycle over 10,000 queued jobs must not reload them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal as signal_module
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .gpus import GPUBackend
+from .model import (
+    GPU,
+    InvalidInput,
+    Job,
+    JobState,
+    Plan,
+    Policy,
+    format_duration,
+    validate_submission,
+)
+from .runners import Exit, LaunchRequest, LocalRunner
+from .scheduler import schedule
+from .store import GPUAlreadyAllocated, Store
+
+log = logging.getLogger("jupyter_gpujobs")
+
+
+class NotFound(LookupError):
+    pass
+
+
+class PermissionDenied(PermissionError):
+    pass
+
+
+#: Runner outcome -> final job state.
+_OUTCOME_STATE = {
+    "completed": JobState.COMPLETED,
+    "failed": JobState.FAILED,
+    "oom": JobState.FAILED,
+    "timeout": JobState.TIMEOUT,
+    "cancelled": JobState.CANCELLED,
+    "lost": JobState.LOST,
+}
+
+#: Kinds whose process the engine does not start: it only allocates GPUs (a kernel is
+#: launched by the kernel provisioner once its job runs).
+EXTERNAL_KINDS = ("kernel",)
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class JobService:
+    def __init__(
+        self,
+        store: Store,
+        gpus: GPUBackend,
+        runner: LocalRunner,
+        policy: Policy,
+        *,
+        state_dir: Path,
+        root_dir: Path,
+        job_env: dict[str, str] | None = None,
+        admin_users: Iterable[str] = (),
+        group_members: dict[str, list[str]] | None = None,
+        kill_grace_s: int = 10,
+        time_limit_warning_s: int = 300,
+        poll_interval: float = 0.05,
+        tick_interval: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store = store
+        self.gpus = gpus
+        self.runner = runner
+        self.policy = policy
+        self.state_dir = Path(state_dir)
+        self.root_dir = Path(root_dir)
+        self.job_env = dict(job_env or {})
+        self.admin_users = set(admin_users)
+        self.group_members = dict(group_members or {})
+        self.kill_grace_s = kill_grace_s
+        self.time_limit_warning_s = time_limit_warning_s
+        self.poll_interval = poll_interval
+        self.tick_interval = tick_interval
+        self.clock = clock
+        self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
+
+        self._active: dict[int, Job] = {}
+        self._handles: dict[int, dict[str, Any]] = {}
+        self._plan = Plan()
+        self._plan_at = 0.0
+        self._inventory: list[GPU] = []
+        self._inventory_at = 0.0
+        self._terminating: set[int] = set()
+        self._warned: set[int] = set()
+        self._listeners: set[Listener] = set()
+        self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._usage: Any = None
+        self.cycle_seconds: list[float] = []  # recent cycle times, for metrics
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ================================================================= life cycle
+
+    async def start(self) -> None:
+        """Reattach to what survived a restart, then run the engine loops."""
+        self.refresh_inventory(force=True)
+        self.reconcile()
+        self._wake = asyncio.Event()
+        self._tasks = [
+            asyncio.ensure_future(self._schedule_loop()),
+            asyncio.ensure_future(self._poll_loop()),
+        ]
+        self.wake()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+
+    def reconcile(self) -> None:
+        """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
+        its recorded result); nothing else is restarted or double-allocated."""
+        pending, running = self.store.active_jobs()
+        self._active = {j.id: j for j in pending + running}
+        self._handles = {}
+        for job in running:
+            if job.kind in EXTERNAL_KINDS:
+                continue
+            handle = self.store.runner_handle(job.id)
+            if not handle:
+                self._finish(job.id, Exit(job.id, "lost", None, None,
+                                          "no supervisor was recorded for this job", self.clock()))
+                continue
+            self._handles[job.id] = handle
+        # results written while the server was down, and supervisors that vanished
+        for exit_ in self.runner.poll(dict(self._handles)):
+            self._finish(exit_.job_id, exit_)
+        if self._handles:
+            log.info("gpujobs: reattached to %d running job(s): %s", len(self._handles),
+                     ", ".join(str(i) for i in sorted(self._handles)))
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _schedule_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("gpujobs: scheduling cycle failed")
+            # let handlers run between cycles under a burst of submissions
+            await asyncio.sleep(0.005)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                self.poll()
+            except Exception:
+                log.exception("gpujobs: polling job supervisors failed")
+
+    # ================================================================= inventory
+
+    def refresh_inventory(self, force: bool = False) -> list[GPU]:
+        now = self.clock()
+        if force or now - self._inventory_at > 2.0:
+            try:
+                self._inventory = self.gpus.inventory()
+            except Exception:
+                log.exception("gpujobs: reading the GPU inventory failed")
+            self._inventory_at = now
+        return self._inventory
+
+    @property
+    def inventory(self) -> list[GPU]:
+        return self.refresh_inventory()
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        holders: dict[tuple[str, int], Job] = {}
+        for job in self._active.values():
+            if job.state is JobState.RUNNING and job.host:
+                for index in job.assigned_gpus:
+                    holders[(job.host, index)] = job
+        out = []
+        for g in self.inventory:
+            holder = holders.get((g.host, g.index))
+            out.append({
+                "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
+                "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
+                "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
+                "job_id": holder.id if holder else None, "user": holder.user if holder else None,
+            })
+        return out
+
+    # ================================================================= queries
+
+    def view(self, job: Job) -> dict[str, Any]:
+        """A job as the API shows it (with its queue position, reason and expected start)."""
+        reason = job.reason
+        position = None
+        expected = None
+        if job.state is JobState.PENDING:
+            position = self._positions.get(job.id)
+            reason = self._plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
+            expected = self._plan.expected_start.get(job.id)
+        out = {
+            "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
+            "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
+            "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
+            "signal": job.signal, "reason": reason, "position": position, "expected_start": expected,
+            "priority": job.priority, "group": job.group, "preemptible": job.preemptible,
+            "borrowed": job.borrowed, "command": job.command, "cwd": job.cwd, "payload": job.payload,
+            "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
+            "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
+            "restarts": job.restarts, "output_notebook": job.payload.get("output"),
+        }
+        return out
+
+    @property
+    def _positions(self) -> dict[int, int]:
+        cached = getattr(self, "_positions_cache", None)
+        if cached is None or cached[0] is not self._plan:
+            cached = (self._plan, {jid: i + 1 for i, jid in enumerate(self._plan.order)})
+            self._positions_cache = cached
+        return cached[1]
+
+    def get(self, job_id: int) -> Job:
+        job = self._active.get(job_id) or self.store.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def queue(self) -> list[Job]:
+        """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
+        order = [jid for jid in self._plan.order if jid in self._active
+                 and self._active[jid].state is JobState.PENDING]
+        seen = set(order)
+        rest = sorted(j.id for j in self._active.values() if j.state is JobState.PENDING and j.id not in seen)
+        return [self._active[jid] for jid in order + rest]
+
+    def running(self) -> list[Job]:
+        return [j for j in self._active.values() if j.state is JobState.RUNNING]
+
+    def is_admin(self, user: str) -> bool:
+        return user in self.admin_users
+
+    # ================================================================= commands
+
+    def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
+        """Validate and store a submission; returns the new job(s) (several for an array)."""
+        now = self.clock()
+        fields = validate_submission(body, self.inventory, self.policy, now)
+        group = fields["group"]
+        if group and self.group_members and user not in self.group_members.get(group, []):
+            raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
+        for dep in fields["depends"]:
+            if self._active.get(dep.job_id) is None and self.store.get(dep.job_id) is None:
+                raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
+        if fields["cwd"] is None:
+            fields["cwd"] = str(self.root_dir)
+        elif not Path(fields["cwd"]).is_absolute():
+            fields["cwd"] = str(self.root_dir / fields["cwd"])
+        if not Path(fields["cwd"]).is_dir():
+            raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
+        if fields["kind"] == "notebook":
+            from .notebooks import check_notebook_payload
+
+            fields["payload"] = check_notebook_payload(fields["payload"], self.root_dir)
+        array = fields.pop("array")
+        limit = fields.pop("array_max_running")
+        base = {**fields, "user": user}
+        if not array:
+            jobs = self.store.add_jobs([base], actor=user, now=now)
+        else:
+            first = self.store.add_jobs([{**base, "array_index": array[0], "array_max_running": limit}],
+                                        actor=user, now=now)[0]
+            self.store.update_job(first.id, array_job_id=first.id)
+            first = replace(first, array_job_id=first.id)
+            rest = self.store.add_jobs(
+                [{**base, "array_job_id": first.id, "array_index": i, "array_max_running": limit}
+                 for i in array[1:]],
+                actor=user, now=now,
+            )
+            jobs = [first, *rest]
+        if fields["kind"] == "notebook":
+            from .notebooks import notebook_command
+
+            for i, job in enumerate(jobs):
+                command, payload = notebook_command(job, self.root_dir)
+                self.store.update_job(job.id, command=command, payload=payload)
+                jobs[i] = replace(job, command=command, payload=payload)
+        for job in jobs:
+            self._active[job.id] = job
+            self._publish(job, {"job_id": job.id, "time": now, "state": "PENDING", "actor": user,
+                                "reason": "submitted"})
+        self.wake()
+        return jobs
+
+    def check_owner(self, job: Job, user: str) -> None:
+        if job.user != user and not self.is_admin(user):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; only they or an admin may change it")
+
+    async def cancel(self, job_id: int, user: str, wait_s: float = 3.0) -> Job:
+        """Cancel a pending job now, or stop a running one (SIGTERM, grace, SIGKILL) and wait
+        up to `wait_s` for it to end. Returns the job as it then is."""
+        job = self.get(job_id)
+        self.check_owner(job, user)
+        if job.state.is_final:
+            return job
+        reason = f"cancelled by {user}"
+        if job.state is JobState.PENDING or job.kind in EXTERNAL_KINDS:
+            return self._set_state(job.id, JobState.CANCELLED, user, reason,
+                                   expect=(JobState.PENDING, JobState.RUNNING)) or self.get(job_id)
+        self._terminate(job, reason, "cancelled", self.kill_grace_s)
+        return await self.wait_ended(job_id, wait_s)
+
+    async def wait_ended(self, job_id: int, timeout: float) -> Job:
+        job = self.get(job_id)
+        if job.state.is_final:
+            return job
+        fut: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self._ended_waiters.setdefault(job_id, []).append(fut)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            return self.get(job_id)
+
+    def finish_external(self, job_id: int, user: str, state: JobState, reason: str) -> Job:
+        """The end of a job the engine did not launch (a kernel): shut down, crashed, idle."""
+        job = self.get(job_id)
+        self.check_owner(job, user)
+        if job.kind not in EXTERNAL_KINDS:
+            raise InvalidInput("kind", f"job {job_id} is a {job.kind} job; cancel it instead")
+        if job.state.is_final:
+            return job
+        return self._set_state(job_id, state, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
+
+    def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024) -> tuple[str, int, bool]:
+        """(text, next offset, job ended) from a job's log file."""
+        job = self.get(job_id)
+        path = self.store.log_path(job_id)
+        if not path or not Path(path).exists():
+            return "", offset, job.state.is_final
+        with open(path, "rb") as f:
+            f.seek(max(0, offset))
+            data = f.read(max_bytes)
+        # do not split a UTF-8 character
+        cut = len(data)
+        while cut > 0 and cut > len(data) - 4 and (data[cut - 1] & 0xC0) == 0x80:
+            cut -= 1
+        if cut > 0 and data[cut - 1] >= 0xC0:
+            cut -= 1
+        if cut <= 0 and data:
+            cut = len(data)
+        done = job.state.is_final and len(data) < max_bytes
+        return data[:cut].decode("utf-8", errors="replace"), offset + cut, done
+
+    def set_quota(self, actor: str, scope: str, name: str, quota: dict[str, Any] | None) -> None:
+        if not self.is_admin(actor):
+            raise PermissionDenied("only admins may change quotas")
+        if scope not in ("users", "groups"):
+            raise InvalidInput("scope", "expected 'users' or 'groups'")
+        if quota is None:
+            self.quota_overrides[scope].pop(name, None)
+        else:
+            self.quota_overrides[scope][name] = quota
+        self.wake()
+
+    # ================================================================= listeners
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def _publish(self, job: Job, event: dict[str, Any]) -> None:
+        if not self._listeners:
+            return
+        message = {"type": "job", "job": self.view(job), "event": event}
+        for listener in list(self._listeners):
+            try:
+                listener(message)
+            except Exception:
+                log.exception("gpujobs: event listener failed")
+
+    # ================================================================= state changes
+
+    def _set_state(self, job_id: int, state: JobState, actor: str, reason: str,
+                   expect: tuple[JobState, ...] | None = None, data: dict[str, Any] | None = None,
+                   **fields: Any) -> Job | None:
+        now = self.clock()
+        if state.is_final:
+            fields.setdefault("ended_at", now)
+        job = self.store.transition(job_id, state, actor, reason, now, expect=expect, data=data, **fields)
+        if job is None:
+            return None
+        if state.is_final:
+            self._active.pop(job_id, None)
+            self._handles.pop(job_id, None)
+            self._terminating.discard(job_id)
+            self._warned.discard(job_id)
+            for fut in self._ended_waiters.pop(job_id, []):
+                if not fut.done():
+                    fut.set_result(job)
+        else:
+            self._active[job_id] = job
+        self._publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
+                            "reason": reason, "data": data or {}})
+        self.wake()
+        return job
+
+    def _terminate(self, job: Job, reason: str, outcome: str, grace_s: int) -> None:
+        if job.id in self._terminating:
+            return
+        handle = self._handles.get(job.id)
+        if handle is None:
+            return
+        self._terminating.add(job.id)
+        self.store.add_event(job.id, "RUNNING", "engine", f"stopping: {reason}", self.clock())
+        self.runner.terminate(job.id, handle, reason, outcome, grace_s)
+
+    def poll(self) -> None:
+        """Record jobs whose process ended."""
+        if not self._handles:
+            return
+        for exit_ in self.runner.poll(dict(self._handles)):
+            self._finish(exit_.job_id, exit_)
+
+    def _finish(self, job_id: int, exit_: Exit) -> None:
+        job = self._active.get(job_id) or self.store.get(job_id)
+        if job is None or job.state.is_final:
+            self._handles.pop(job_id, None)
+            return
+        ran = (exit_.ended_at - job.started_at) if job.started_at else 0.0
+        fields = {"exit_code": exit_.exit_code, "signal": exit_.signal,
+                  "run_seconds": job.run_seconds + max(0.0, ran)}
+        data = {"outcome": exit_.outcome, "exit_code": exit_.exit_code, "signal": exit_.signal}
+        if exit_.outcome == "preempted":
+            if job.requeue:
+                self._handles.pop(job_id, None)
+                self._terminating.discard(job_id)
+                self._set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
+                                started_at=None, host=None, assigned_gpus=(), borrowed=False,
+                                restarts=job.restarts + 1, **fields)
+                return
+            state = JobState.CANCELLED
+        else:
+            state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
+        self._set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
+
+    # ================================================================= the cycle
+
+    def cycle(self) -> Plan:
+        """One scheduling cycle: snapshot -> schedule() -> carry out the plan."""
+        t0 = time.perf_counter()
+        now = self.clock()
+        gpus = [g for g in self.inventory]
+        pending = [j for j in self._active.values() if j.state is JobState.PENDING]
+        running = [j for j in self._active.values() if j.state is JobState.RUNNING]
+        self._enforce_limits(running, now)
+        dep_ids = {d.job_id for j in pending for d in j.depends}
+        finished = self.store.final_states(i for i in dep_ids if i not in self._active)
+        plan = schedule(now, pending, running, gpus, self._current_policy(), self._usage, finished)
+        self._plan = plan
+        self._plan_at = now
+        for job_id, reason in plan.cancels:
+            self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
+        for p in plan.preemptions:
+            victim = self._active.get(p.job_id)
+            if victim is None or victim.state is not JobState.RUNNING:
+                continue
+            if victim.kind in EXTERNAL_KINDS:
+                self._set_state(victim.id, JobState.CANCELLED, "scheduler", p.reason, expect=(JobState.RUNNING,))
+            else:
+                self._terminate(victim, p.reason, "preempted", self.policy.preempt_grace_s)
+        by_host = {(g.host, g.index): g for g in gpus}
+        for start in plan.starts:
+            job = self._active.get(start.job_id)
+            if job is None or job.state is not JobState.PENDING:
+                continue
+            self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed)
+        self.cycle_seconds.append(time.perf_counter() - t0)
+        del self.cycle_seconds[:-200]
+        return plan
+
+    def _current_policy(self) -> Policy:
+        if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
+            return self.policy
+        from .config import _quota
+
+        user_quotas = dict(self.policy.user_quotas)
+        group_quotas = dict(self.policy.group_quotas)
+        user_quotas.update({u: _quota(u, q) for u, q in self.quota_overrides["users"].items()})
+        group_quotas.update({g: _quota(g, q) for g, q in self.quota_overrides["groups"].items()})
+        return replace(self.policy, user_quotas=user_quotas, group_quotas=group_quotas)
+
+    def _enforce_limits(self, running: list[Job], now: float) -> None:
+        """Warn before a time limit; stop external (kernel) jobs at it. Script jobs are
+        stopped by their supervisor; this is the safety net if one overstays."""
+        for job in running:
+            if not job.started_at or not job.time_limit_s:
+                continue
+            end = job.started_at + job.time_limit_s
+            if job.id not in self._warned and now >= end - self.time_limit_warning_s and now < end:
+                self._warned.add(job.id)
+                left = format_duration(end - now)
+                self.store.add_event(job.id, "WARNING", "engine", f"time limit in {left}", now,
+                                     data={"time_limit_at": end})
+                self._publish(job, {"job_id": job.id, "time": now, "state": "WARNING", "actor": "engine",
+                                    "reason": f"time limit in {left}", "data": {"time_limit_at": end}})
+            if now >= end:
+                reason = f"time limit of {format_duration(job.time_limit_s)} reached"
+                if job.kind in EXTERNAL_KINDS:
+                    self._set_state(job.id, JobState.TIMEOUT, "engine", reason, expect=(JobState.RUNNING,))
+                elif now >= end + self.kill_grace_s + 5:
+                    self._terminate(job, reason, "timeout", self.kill_grace_s)
+
+    def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool) -> None:
+        now = self.clock()
+        reason = "started on GPU " + ",".join(str(g.index) for g in gpus) if gpus else "started (no GPU)"
+        if borrowed:
+            reason += " (borrowed: may be reclaimed)"
+        try:
+            started = self.store.start(job.id, host, [(g.index, g.uuid) for g in gpus], now,
+                                       borrowed=borrowed, reason=reason)
+        except GPUAlreadyAllocated as err:
+            log.error("gpujobs: refused to start job %s: %s", job.id, err)
+            return
+        if started is None:
+            return
+        self._active[job.id] = started
+        if job.kind not in EXTERNAL_KINDS:
+            log_path = self.state_dir / "logs" / f"job-{job.id}.log"
+            env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
+            if job.array_index is not None:
+                env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
+                env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
+            request = LaunchRequest(
+                job_id=job.id,
+                command=list(job.command),
+                cwd=job.cwd or str(self.root_dir),
+                env=env,
+                gpu_indices=[g.index for g in gpus],
+                gpu_uuids=[g.uuid for g in gpus],
+                time_limit_s=job.time_limit_s,
+                grace_s=self.kill_grace_s,
+                log_path=str(log_path),
+                fake=self.gpus.name == "fake",
+            )
+            try:
+                handle = self.runner.start(request)
+            except Exception as err:
+                log.exception("gpujobs: could not start job %s", job.id)
+                self._set_state(job.id, JobState.FAILED, "runner", f"could not start: {err}",
+                                expect=(JobState.RUNNING,))
+                return
+            self.store.update_job(job.id, runner_handle=handle, log_path=str(log_path))
+            self._handles[job.id] = handle
+        self._publish(started, {"job_id": job.id, "time": now, "state": "RUNNING", "actor": "scheduler",
+                                "reason": reason})
+
+
+def python_executable() -> str:
+    return sys.executable
+
+
+__all__ = ["JobService", "NotFound", "PermissionDenied", "EXTERNAL_KINDS", "signal_module"]
