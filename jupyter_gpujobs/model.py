@@ -463,7 +463,7 @@ def validate_submission(
             raise InvalidInput("command", f"cannot split command: {err}") from None
     elif isinstance(command, (list, tuple)) and all(isinstance(c, str) for c in command):
         command_list = list(command)
-    elif command is None and kind in ("notebook", "kernel", "cell"):
+    elif command is None:
         command_list = []
     else:
         raise InvalidInput("command", "expected a string or a list of strings, e.g. \"python train.py\"")

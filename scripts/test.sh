@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what the tests need (Python packages into .venv, the labextension build, Debian's
+# chromium for the browser tests) and run all the tests. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+if [ -x scripts/install-browser.sh ]; then scripts/install-browser.sh; fi
+.venv/bin/ruff check .
+set +e
+.venv/bin/python -m pytest "$@"
+code=$?
+set -e
+# pytest exits 5 when it collected no test: that is a failure of the suite, not a pass
+exit $code

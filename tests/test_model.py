@@ -1,0 +1,94 @@
+"""Parsing and validation of what users type: durations, GPU specs, submissions."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpujobs.model import (
+    GPU,
+    InvalidInput,
+    Policy,
+    format_duration,
+    gpu_matches_type,
+    parse_array,
+    parse_dependencies,
+    parse_duration,
+    parse_fake_gpus,
+    validate_submission,
+)
+
+GPUS = [GPU(0, "u0", "A100-80GB"), GPU(1, "u1", "A100-80GB"), GPU(2, "u2", "T4")]
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30m", 1800), ("1h30m", 5400), ("2d", 172800), ("90", 90), (90, 90), ("1:30:00", 5400),
+    ("45:00", 2700), ("1h 30m", 5400), ("10s", 10), ("1.5h", 5400),
+])
+def test_durations(text: object, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "soon", "10x", "-5", 0, -3, "1h30", True, None, "1:99:00"])
+def test_bad_durations_name_the_field(bad: object) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_duration(bad, "time_limit")
+    assert err.value.field == "time_limit"
+
+
+def test_format_duration_round_trips() -> None:
+    for seconds in (5, 60, 5400, 86400 + 3600):
+        assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_fake_gpu_spec() -> None:
+    spec = parse_fake_gpus("4xA100-80GB,2xT4")
+    assert [(s.count, s.model, s.memory_mb) for s in spec] == [(4, "A100-80GB", 81920), (2, "T4", 15360)]
+    with pytest.raises(InvalidInput, match="fake_gpus"):
+        parse_fake_gpus("4x")
+
+
+def test_gpu_type_matching() -> None:
+    assert gpu_matches_type("NVIDIA A100-SXM4-80GB", "A100")
+    assert gpu_matches_type("A100-80GB", "a100")
+    assert gpu_matches_type("A100-80GB", "A100-80GB")
+    assert not gpu_matches_type("Tesla T4", "A100")
+    assert not gpu_matches_type("NVIDIA RTX A4000", "T4")
+    assert gpu_matches_type("anything", None)
+
+
+def test_dependencies_and_arrays() -> None:
+    deps = parse_dependencies("afterok:3:4,after:5")
+    assert [(d.kind, d.job_id) for d in deps] == [("afterok", 3), ("afterok", 4), ("after", 5)]
+    assert parse_array("0-15%4") == (list(range(16)), 4)
+    assert parse_array("1,3,5") == ([1, 3, 5], None)
+    with pytest.raises(InvalidInput, match="array"):
+        parse_array("5-1")
+
+
+def test_submission_is_normalised() -> None:
+    out = validate_submission({"command": "python train.py --lr 0.1", "gpus": 2, "gpu_type": "A100",
+                               "time_limit": "30m"}, GPUS, Policy(), now=0)
+    assert out["command"] == ["python", "train.py", "--lr", "0.1"]
+    assert out["time_limit_s"] == 1800
+    assert out["priority"] == "normal"
+
+
+@pytest.mark.parametrize("body,field,words", [
+    ({"command": "x", "gpus": -1}, "gpus", "negative"),
+    ({"command": "x", "gpus": 1.5}, "gpus", "whole number"),
+    ({"command": "x", "gpus": 4}, "gpus", "only 3"),
+    ({"command": "x", "gpus": 3, "gpu_type": "A100"}, "gpus", "only 2 A100"),
+    ({"command": "x", "gpu_type": "H100"}, "gpu_type", "no H100"),
+    ({"command": "x", "time_limit": "soon"}, "time_limit", "duration"),
+    ({"command": "x", "time_limit": "30d"}, "time_limit", "maximum"),
+    ({"command": "x", "priority": "asap"}, "priority", "unknown priority"),
+    ({"command": "x", "colour": "red"}, "colour", "unknown field"),
+    ({"command": 5}, "command", "string"),
+    ({"gpus": 1}, "command", "needs a command"),
+    ({"command": "x", "env": {"1BAD": "v"}}, "env", "not a valid"),
+])
+def test_bad_submissions(body: dict, field: str, words: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        validate_submission(body, GPUS, Policy(), now=0)
+    assert err.value.field == field
+    assert words in err.value.message
