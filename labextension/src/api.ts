@@ -1,0 +1,212 @@
+/**
+ * The REST API and websocket of the jupyter-gpujobs server extension
+ * (`{base_url}gpujobs/api/`), typed. Every request goes through
+ * ServerConnection.makeRequest so the token / XSRF cookie of the server is used,
+ * and every URL is built from the server's baseUrl so the UI works under a
+ * non-root base_url (JupyterHub).
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export const API_PATH = 'gpujobs/api';
+
+export type JobState =
+  | 'PENDING'
+  | 'RUNNING'
+  | 'COMPLETED'
+  | 'FAILED'
+  | 'CANCELLED'
+  | 'TIMEOUT'
+  | 'LOST';
+
+export const FINAL_STATES: ReadonlySet<string> = new Set([
+  'COMPLETED',
+  'FAILED',
+  'CANCELLED',
+  'TIMEOUT',
+  'LOST'
+]);
+
+export interface IGPU {
+  index: number;
+  uuid: string;
+  name: string;
+  host: string;
+  memory_total_mb: number;
+  memory_used_mb: number;
+  utilization: number;
+  healthy?: boolean;
+  draining?: boolean;
+  job_id: number | null;
+  user: string | null;
+}
+
+export interface IGPUInventory {
+  gpus: IGPU[];
+  backend: string;
+}
+
+export interface IJob {
+  id: number;
+  name: string | null;
+  user: string;
+  kind: string;
+  state: JobState;
+  gpus: number;
+  gpu_type: string | null;
+  assigned_gpus: number[];
+  host: string | null;
+  submitted_at: number;
+  started_at: number | null;
+  ended_at: number | null;
+  time_limit_s: number | null;
+  exit_code: number | null;
+  signal?: number | null;
+  reason: string | null;
+  position: number | null;
+  expected_start: number | null;
+  priority: string;
+  group: string | null;
+  preemptible: boolean;
+  borrowed: boolean;
+  command: string | string[] | null;
+  payload: { [key: string]: any } | null;
+  output_notebook: string | null;
+}
+
+export interface IJobEvent {
+  job_id: number;
+  time: number;
+  state: string;
+  actor: string;
+  reason: string;
+  data?: { [key: string]: any };
+}
+
+export interface IQuota {
+  user: string;
+  running_gpus: number;
+  running_jobs: number;
+  pending_jobs: number;
+  pending_gpus?: number;
+  borrowed_gpus: number;
+  guaranteed_gpus: number;
+  max_gpus: number | null;
+  max_running_jobs: number | null;
+  max_time_limit_s: number | null;
+  total_gpus?: number;
+  groups?: { [name: string]: any };
+}
+
+export interface IWhoAmI {
+  user: string;
+  admin: boolean;
+}
+
+export type SocketMessage =
+  | { type: 'job'; job: IJob; event: IJobEvent }
+  | { type: 'gpus'; gpus: IGPU[] };
+
+/** An error answer of the API (or no answer at all), with what a person can do about it. */
+export class APIError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly field: string | null = null
+  ) {
+    super(message);
+  }
+
+  /** The engine is not there at all: no server, or the server extension is not loaded. */
+  get unreachable(): boolean {
+    return this.status === 0 || this.status === 404 || this.status >= 502;
+  }
+}
+
+export function apiUrl(
+  endpoint: string,
+  settings?: ServerConnection.ISettings
+): string {
+  const s = settings ?? ServerConnection.makeSettings();
+  return URLExt.join(s.baseUrl, API_PATH, endpoint);
+}
+
+export async function requestAPI<T>(
+  endpoint: string,
+  init: RequestInit = {},
+  settings?: ServerConnection.ISettings
+): Promise<T> {
+  const s = settings ?? ServerConnection.makeSettings();
+  const url = apiUrl(endpoint, s);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, s);
+  } catch (error) {
+    throw new APIError(
+      'Cannot reach the Jupyter server: check that it is still running and that this page is connected to it.',
+      0
+    );
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    if (response.status === 404 && !(data && data.message)) {
+      throw new APIError(
+        'The GPU job engine is not running in this Jupyter server (gpujobs/api answered 404). ' +
+          'Enable it with `jupyter server extension enable jupyter_gpujobs` and restart JupyterLab.',
+        404
+      );
+    }
+    const message =
+      (data && (data.message || data.reason)) ||
+      `${response.status} ${response.statusText}`;
+    throw new APIError(message, response.status, data ? data.field ?? null : null);
+  }
+  return data as T;
+}
+
+export interface ISubmitNotebook {
+  kind: 'notebook';
+  name: string;
+  gpus: number;
+  gpu_type: string | null;
+  time_limit: string | null;
+  priority: string;
+  payload: { notebook: string; parameters: { [key: string]: any } };
+}
+
+export const api = {
+  whoami: () => requestAPI<IWhoAmI>('whoami'),
+  gpus: () => requestAPI<IGPUInventory>('gpus'),
+  jobs: (user: string, limit = 50) =>
+    requestAPI<{ jobs: IJob[]; next: number | null }>(
+      `jobs?user=${encodeURIComponent(user)}&limit=${limit}`
+    ),
+  job: (id: number) => requestAPI<IJob>(`jobs/${id}`),
+  queue: () => requestAPI<{ jobs: IJob[] }>('queue'),
+  quota: () => requestAPI<IQuota>('quota'),
+  cancel: (id: number) => requestAPI<IJob>(`jobs/${id}`, { method: 'DELETE' }),
+  submit: (body: ISubmitNotebook) =>
+    requestAPI<IJob>('jobs', { method: 'POST', body: JSON.stringify(body) }),
+  log: (id: number, offset: number) =>
+    requestAPI<{ offset: number; data: string; done: boolean }>(
+      `jobs/${id}/log?offset=${offset}`
+    )
+};
+
+/** The websocket URL of the event feed, with the token where the server wants it in the URL. */
+export function eventsUrl(settings?: ServerConnection.ISettings): string {
+  const s = settings ?? ServerConnection.makeSettings();
+  let url = URLExt.join(s.wsUrl, API_PATH, 'events');
+  if (s.token && (s as any).appendToken !== false) {
+    url += `?token=${encodeURIComponent(s.token)}`;
+  }
+  return url;
+}

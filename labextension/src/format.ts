@@ -1,0 +1,90 @@
+/** Small text helpers: durations, relative times, GPU memory, job labels. */
+import { IJob } from './api';
+
+export function formatDuration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) {
+    return '—';
+  }
+  let s = Math.max(0, Math.round(seconds));
+  const d = Math.floor(s / 86400);
+  s -= d * 86400;
+  const h = Math.floor(s / 3600);
+  s -= h * 3600;
+  const m = Math.floor(s / 60);
+  s -= m * 60;
+  if (d > 0) {
+    return h ? `${d}d ${h}h` : `${d}d`;
+  }
+  if (h > 0) {
+    return m ? `${h}h ${pad(m)}m` : `${h}h`;
+  }
+  if (m > 0) {
+    return s ? `${m}m ${pad(s)}s` : `${m}m`;
+  }
+  return `${s}s`;
+}
+
+function pad(n: number): string {
+  return n < 10 ? `0${n}` : `${n}`;
+}
+
+/** "in 3m 10s", "now", or "unknown" for an epoch-seconds time. */
+export function formatStart(epoch: number | null | undefined, now: number): string {
+  if (epoch === null || epoch === undefined) {
+    return 'unknown';
+  }
+  const delta = epoch - now;
+  if (delta <= 1) {
+    return 'now';
+  }
+  return `in ${formatDuration(delta)}`;
+}
+
+export function formatAgo(epoch: number | null | undefined, now: number): string {
+  if (!epoch) {
+    return '';
+  }
+  const delta = now - epoch;
+  if (delta < 5) {
+    return 'just now';
+  }
+  return `${formatDuration(delta)} ago`;
+}
+
+export function formatGiB(mb: number): string {
+  const gib = mb / 1024;
+  if (gib >= 100) {
+    return gib.toFixed(0);
+  }
+  return gib >= 10 ? gib.toFixed(0) : gib.toFixed(1);
+}
+
+export function jobLabel(job: IJob): string {
+  return job.name ? job.name : `${job.kind} job`;
+}
+
+export function gpuRequest(job: IJob): string {
+  if (!job.gpus) {
+    return 'no GPU';
+  }
+  return `${job.gpus}×${job.gpu_type || 'any GPU'}`;
+}
+
+export function stateLabel(state: string): string {
+  return state.charAt(0) + state.slice(1).toLowerCase();
+}
+
+/** Why a finished job ended, in words a person can act on. */
+export function endReason(job: IJob): string {
+  if (job.reason) {
+    return job.reason;
+  }
+  if (job.exit_code !== null && job.exit_code !== undefined) {
+    return `exit code ${job.exit_code}`;
+  }
+  return '';
+}
+
+export function nowSeconds(): number {
+  return Date.now() / 1000;
+}

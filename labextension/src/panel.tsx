@@ -1,0 +1,563 @@
+/**
+ * The "GPU Jobs" sidebar: GPUs (gauges and memory bars), my jobs, the queue and my quota.
+ * A view of GPUJobsModel; it renders on the model's `changed` signal and once a second
+ * for the clocks (elapsed time, expected start).
+ */
+import * as React from 'react';
+import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
+import { FINAL_STATES, IGPU, IJob, IQuota } from './api';
+import {
+  endReason,
+  formatAgo,
+  formatDuration,
+  formatGiB,
+  formatStart,
+  gpuRequest,
+  jobLabel,
+  nowSeconds,
+  stateLabel
+} from './format';
+import { gpuIcon } from './icons';
+import { GPUJobsModel } from './model';
+
+export interface IPanelActions {
+  cancel(job: IJob): void;
+  openLog(job: IJob): void;
+  openOutput(job: IJob): void;
+  retry(): void;
+}
+
+export class GPUJobsPanel extends ReactWidget {
+  constructor(
+    readonly model: GPUJobsModel,
+    private readonly _actions: IPanelActions
+  ) {
+    super();
+    this.id = 'gpujobs-panel';
+    this.addClass('jp-GPUJobs');
+    this.title.icon = gpuIcon;
+    this.title.caption = 'GPU Jobs';
+  }
+
+  protected render(): React.ReactElement {
+    return (
+      <UseSignal signal={this.model.changed}>
+        {() => <PanelView model={this.model} actions={this._actions} />}
+      </UseSignal>
+    );
+  }
+}
+
+function useClock(): number {
+  const [now, setNow] = React.useState(nowSeconds());
+  React.useEffect(() => {
+    const timer = window.setInterval(() => setNow(nowSeconds()), 1000);
+    return () => window.clearInterval(timer);
+  }, []);
+  return now;
+}
+
+function PanelView(props: {
+  model: GPUJobsModel;
+  actions: IPanelActions;
+}): React.ReactElement {
+  const { model, actions } = props;
+  const now = useClock();
+  const error = model.error;
+  return (
+    <div className="jp-GPUJobs-body">
+      <header className="jp-GPUJobs-header">
+        <h2 className="jp-GPUJobs-title">GPU Jobs</h2>
+        <Connection model={model} />
+      </header>
+      {!model.loaded && (
+        <div className="jp-GPUJobs-loading" role="status">
+          Loading the GPU queue…
+        </div>
+      )}
+      {error && (
+        <div className="jp-GPUJobs-error" role="alert">
+          <div className="jp-GPUJobs-errorTitle">
+            {error.unreachable
+              ? 'The GPU job engine is unreachable'
+              : 'The GPU job engine answered with an error'}
+          </div>
+          <div className="jp-GPUJobs-errorText">{error.message}</div>
+          <button
+            className="jp-GPUJobs-button jp-mod-accept"
+            onClick={() => actions.retry()}
+          >
+            Retry
+          </button>
+        </div>
+      )}
+      {model.loaded && !(error && error.unreachable && !model.user) && (
+        <>
+          <Section title="GPUs" name="gpus" count={model.gpus.length}>
+            <GPUList gpus={model.gpus} backend={model.backend} me={model.user} />
+          </Section>
+          <Section title="My jobs" name="myjobs" count={model.myJobs.length}>
+            <MyJobs jobs={model.myJobs} now={now} actions={actions} />
+          </Section>
+          <Section title="Queue" name="queue" count={model.queue.length}>
+            <Queue jobs={model.queue} now={now} me={model.user} />
+          </Section>
+          <Section title="My quota" name="quota">
+            <Quota quota={model.quota} />
+          </Section>
+        </>
+      )}
+    </div>
+  );
+}
+
+function Connection(props: { model: GPUJobsModel }): React.ReactElement {
+  const c = props.model.connection;
+  const label =
+    c === 'live' ? 'live' : c === 'connecting' ? 'connecting' : 'reconnecting';
+  const title =
+    c === 'live'
+      ? 'Updates arrive live over the websocket'
+      : 'The live feed is down: reconnecting; the panel still refreshes every few seconds';
+  return (
+    <span className={`jp-GPUJobs-conn jp-mod-${c}`} title={title}>
+      <span className="jp-GPUJobs-connDot" />
+      {label}
+      {props.model.user && (
+        <span className="jp-GPUJobs-user"> · {props.model.user}</span>
+      )}
+    </span>
+  );
+}
+
+function Section(props: {
+  title: string;
+  name: string;
+  count?: number;
+  children: React.ReactNode;
+}): React.ReactElement {
+  return (
+    <section className={`jp-GPUJobs-section jp-GPUJobs-section-${props.name}`}>
+      <h3 className="jp-GPUJobs-sectionTitle">
+        {props.title}
+        {props.count !== undefined && props.count > 0 && (
+          <span className="jp-GPUJobs-count">{props.count}</span>
+        )}
+      </h3>
+      {props.children}
+    </section>
+  );
+}
+
+// ------------------------------------------------------------------- GPUs
+
+function GPUList(props: {
+  gpus: IGPU[];
+  backend: string;
+  me: string | null;
+}): React.ReactElement {
+  if (props.gpus.length === 0) {
+    return (
+      <div className="jp-GPUJobs-empty">
+        <div className="jp-GPUJobs-emptyTitle">No GPUs on this server</div>
+        <div className="jp-GPUJobs-hint">
+          {props.backend === 'none' || !props.backend
+            ? 'NVML found no NVIDIA GPU. Jobs asking for GPUs will wait; jobs with 0 GPUs run. ' +
+              'For a demo, start JupyterLab with GPUJOBS_FAKE_GPUS=2xA100.'
+            : 'The GPU backend reports no GPUs.'}
+        </div>
+      </div>
+    );
+  }
+  const hosts = new Set(props.gpus.map(g => g.host));
+  return (
+    <div className="jp-GPUJobs-gpus">
+      {props.gpus.map(g => (
+        <GPUCard
+          key={`${g.host}:${g.index}`}
+          gpu={g}
+          showHost={hosts.size > 1}
+          mine={!!props.me && g.user === props.me}
+        />
+      ))}
+    </div>
+  );
+}
+
+function level(fraction: number): string {
+  return fraction >= 0.9 ? 'high' : fraction >= 0.6 ? 'mid' : 'low';
+}
+
+function GPUCard(props: {
+  gpu: IGPU;
+  showHost: boolean;
+  mine: boolean;
+}): React.ReactElement {
+  const g = props.gpu;
+  const util = Math.max(0, Math.min(100, g.utilization || 0));
+  const memFraction = g.memory_total_mb ? g.memory_used_mb / g.memory_total_mb : 0;
+  const unhealthy = g.healthy === false;
+  const classes = ['jp-GPUJobs-gpu'];
+  if (g.job_id !== null) {
+    classes.push('jp-mod-busy');
+  }
+  if (props.mine) {
+    classes.push('jp-mod-mine');
+  }
+  if (unhealthy) {
+    classes.push('jp-mod-unhealthy');
+  }
+  return (
+    <div className={classes.join(' ')} data-gpu-index={g.index} data-gpu-host={g.host}>
+      <Gauge value={util} />
+      <div className="jp-GPUJobs-gpuInfo">
+        <div className="jp-GPUJobs-gpuName" title={g.uuid}>
+          <span className="jp-GPUJobs-gpuIndex">GPU {g.index}</span>
+          <span className="jp-GPUJobs-gpuModel">{g.name}</span>
+          {props.showHost && <span className="jp-GPUJobs-gpuHost">{g.host}</span>}
+        </div>
+        <div
+          className="jp-GPUJobs-bar jp-GPUJobs-memBar"
+          title={`memory: ${g.memory_used_mb} of ${g.memory_total_mb} MiB`}
+        >
+          <div
+            className={`jp-GPUJobs-barFill jp-mod-${level(memFraction)}`}
+            style={{ width: `${(memFraction * 100).toFixed(1)}%` }}
+          />
+        </div>
+        <div className="jp-GPUJobs-gpuMem">
+          {formatGiB(g.memory_used_mb)} / {formatGiB(g.memory_total_mb)} GiB
+        </div>
+        <div className="jp-GPUJobs-holder">
+          {unhealthy ? (
+            <span className="jp-GPUJobs-tag jp-mod-error">unhealthy</span>
+          ) : g.draining ? (
+            <span className="jp-GPUJobs-tag jp-mod-warn">draining</span>
+          ) : null}
+          {g.job_id !== null ? (
+            <span className="jp-GPUJobs-holderJob">
+              job #{g.job_id} · {g.user}
+            </span>
+          ) : (
+            <span className="jp-GPUJobs-tag jp-mod-free">free</span>
+          )}
+        </div>
+      </div>
+    </div>
+  );
+}
+
+const R = 19;
+const C = 2 * Math.PI * R;
+const ARC = 0.75 * C;
+
+/** A 270° arc gauge for a percentage. */
+export function Gauge(props: { value: number }): React.ReactElement {
+  const v = Math.max(0, Math.min(100, props.value));
+  return (
+    <svg
+      className={`jp-GPUJobs-gauge jp-mod-${level(v / 100)}`}
+      viewBox="0 0 48 48"
+      width="52"
+      height="52"
+      role="img"
+      aria-label={`utilization ${Math.round(v)}%`}
+    >
+      <circle
+        className="jp-GPUJobs-gaugeTrack"
+        cx="24"
+        cy="24"
+        r={R}
+        strokeDasharray={`${ARC} ${C}`}
+        transform="rotate(135 24 24)"
+      />
+      <circle
+        className="jp-GPUJobs-gaugeValue"
+        cx="24"
+        cy="24"
+        r={R}
+        strokeDasharray={`${(ARC * v) / 100} ${C}`}
+        transform="rotate(135 24 24)"
+      />
+      <text className="jp-GPUJobs-gaugeText" x="24" y="27" textAnchor="middle">
+        {Math.round(v)}%
+      </text>
+      <text className="jp-GPUJobs-gaugeLabel" x="24" y="43" textAnchor="middle">
+        util
+      </text>
+    </svg>
+  );
+}
+
+// ---------------------------------------------------------------- my jobs
+
+function MyJobs(props: {
+  jobs: IJob[];
+  now: number;
+  actions: IPanelActions;
+}): React.ReactElement {
+  if (props.jobs.length === 0) {
+    return (
+      <div className="jp-GPUJobs-empty">
+        <div className="jp-GPUJobs-emptyTitle">You have no jobs</div>
+        <div className="jp-GPUJobs-hint">
+          Right-click a notebook and choose “Run on GPU queue…”, use the{' '}
+          <code>%%gpujob</code> cell magic, or <code>jupyter gpujobs submit</code> in a
+          terminal.
+        </div>
+      </div>
+    );
+  }
+  return (
+    <ul className="jp-GPUJobs-jobs">
+      {props.jobs.map(job => (
+        <JobRow key={job.id} job={job} now={props.now} actions={props.actions} />
+      ))}
+    </ul>
+  );
+}
+
+function JobRow(props: {
+  job: IJob;
+  now: number;
+  actions: IPanelActions;
+}): React.ReactElement {
+  const { job, now, actions } = props;
+  const final = FINAL_STATES.has(job.state);
+  return (
+    <li
+      className={`jp-GPUJobs-job jp-mod-${job.state.toLowerCase()}`}
+      data-job-id={job.id}
+      data-state={job.state}
+    >
+      <div className="jp-GPUJobs-jobHead">
+        <span className={`jp-GPUJobs-state jp-mod-${job.state.toLowerCase()}`}>
+          {stateLabel(job.state)}
+        </span>
+        <span className="jp-GPUJobs-jobName" title={commandText(job)}>
+          <span className="jp-GPUJobs-jobId">#{job.id}</span> {jobLabel(job)}
+        </span>
+        <span className="jp-GPUJobs-jobGpus">{gpuRequest(job)}</span>
+      </div>
+      {job.state === 'RUNNING' && <Elapsed job={job} now={now} />}
+      {job.state === 'PENDING' && (
+        <div className="jp-GPUJobs-jobDetail">
+          <span className="jp-GPUJobs-expected">
+            {job.position ? `#${job.position} in queue · ` : ''}
+            starts {formatStart(job.expected_start, now)}
+          </span>
+          {job.reason && <div className="jp-GPUJobs-reason">{job.reason}</div>}
+        </div>
+      )}
+      {final && (
+        <div className="jp-GPUJobs-jobDetail">
+          <span className="jp-GPUJobs-reason">
+            {endReason(job)}
+            {job.ended_at ? ` · ${formatAgo(job.ended_at, now)}` : ''}
+            {job.started_at && job.ended_at
+              ? ` · ran ${formatDuration(job.ended_at - job.started_at)}`
+              : ''}
+          </span>
+        </div>
+      )}
+      <div className="jp-GPUJobs-actions">
+        {!final && (
+          <button
+            className="jp-GPUJobs-button jp-mod-warn"
+            data-action="cancel"
+            title={`Cancel job ${job.id}`}
+            onClick={() => actions.cancel(job)}
+          >
+            Cancel
+          </button>
+        )}
+        {job.kind !== 'kernel' && (job.state !== 'PENDING' || job.started_at) && (
+          <button
+            className="jp-GPUJobs-button"
+            data-action="log"
+            title={`Open the log of job ${job.id}`}
+            onClick={() => actions.openLog(job)}
+          >
+            Log
+          </button>
+        )}
+        {job.kind === 'notebook' && job.output_notebook && job.state !== 'PENDING' && (
+          <button
+            className="jp-GPUJobs-button"
+            data-action="output"
+            title={job.output_notebook}
+            onClick={() => actions.openOutput(job)}
+          >
+            Output notebook
+          </button>
+        )}
+      </div>
+    </li>
+  );
+}
+
+function commandText(job: IJob): string {
+  if (job.kind === 'notebook' && job.payload && job.payload.notebook) {
+    return String(job.payload.notebook);
+  }
+  if (Array.isArray(job.command)) {
+    return job.command.join(' ');
+  }
+  return job.command ? String(job.command) : '';
+}
+
+function Elapsed(props: { job: IJob; now: number }): React.ReactElement {
+  const { job, now } = props;
+  const elapsed = job.started_at ? Math.max(0, now - job.started_at) : 0;
+  const limit = job.time_limit_s || 0;
+  const fraction = limit ? Math.min(1, elapsed / limit) : 0;
+  return (
+    <div className="jp-GPUJobs-jobDetail">
+      <div
+        className="jp-GPUJobs-bar jp-GPUJobs-timeBar"
+        title={`${formatDuration(elapsed)} of the ${formatDuration(limit)} time limit`}
+      >
+        <div
+          className={`jp-GPUJobs-barFill jp-mod-${level(fraction)}`}
+          style={{ width: `${(fraction * 100).toFixed(1)}%` }}
+        />
+      </div>
+      <div className="jp-GPUJobs-elapsed">
+        <span>
+          {formatDuration(elapsed)} / {limit ? formatDuration(limit) : 'no limit'}
+        </span>
+        <span className="jp-GPUJobs-where">
+          {job.assigned_gpus.length
+            ? `GPU ${job.assigned_gpus.join(', ')}${job.host ? ` on ${job.host}` : ''}`
+            : ''}
+          {job.borrowed ? ' · borrowed' : ''}
+        </span>
+      </div>
+    </div>
+  );
+}
+
+// ------------------------------------------------------------------ queue
+
+function Queue(props: {
+  jobs: IJob[];
+  now: number;
+  me: string | null;
+}): React.ReactElement {
+  if (props.jobs.length === 0) {
+    return (
+      <div className="jp-GPUJobs-empty">
+        <div className="jp-GPUJobs-hint">Nobody is waiting: the queue is empty.</div>
+      </div>
+    );
+  }
+  return (
+    <table className="jp-GPUJobs-queue">
+      <thead>
+        <tr>
+          <th>#</th>
+          <th>Owner</th>
+          <th>GPUs</th>
+          <th>Starts</th>
+        </tr>
+      </thead>
+      <tbody>
+        {props.jobs.map(job => (
+          <tr
+            key={job.id}
+            data-job-id={job.id}
+            className={job.user === props.me ? 'jp-mod-mine' : ''}
+            title={`job #${job.id} ${jobLabel(job)}${job.reason ? ` — ${job.reason}` : ''}`}
+          >
+            <td className="jp-GPUJobs-pos">{job.position ?? '—'}</td>
+            <td>{job.user}</td>
+            <td>
+              {gpuRequest(job)}
+              {job.priority && job.priority !== 'normal' && (
+                <span className={`jp-GPUJobs-prio jp-mod-${job.priority}`}>
+                  {job.priority}
+                </span>
+              )}
+            </td>
+            <td>{formatStart(job.expected_start, props.now)}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+// ------------------------------------------------------------------ quota
+
+function Quota(props: { quota: IQuota | null }): React.ReactElement {
+  const q = props.quota;
+  if (!q) {
+    return <div className="jp-GPUJobs-hint">No quota information.</div>;
+  }
+  const gpuMax = q.max_gpus ?? q.total_gpus ?? Math.max(q.running_gpus, q.guaranteed_gpus, 1);
+  return (
+    <div className="jp-GPUJobs-quota">
+      <QuotaBar
+        label="Running GPUs"
+        value={q.running_gpus}
+        max={gpuMax}
+        limitText={q.max_gpus !== null && q.max_gpus !== undefined ? `limit ${q.max_gpus}` : 'no limit'}
+        guarantee={q.guaranteed_gpus}
+        name="gpus"
+      />
+      <QuotaBar
+        label="Running jobs"
+        value={q.running_jobs}
+        max={q.max_running_jobs ?? Math.max(q.running_jobs, 1)}
+        limitText={
+          q.max_running_jobs !== null && q.max_running_jobs !== undefined
+            ? `limit ${q.max_running_jobs}`
+            : 'no limit'
+        }
+        name="jobs"
+      />
+      <div className="jp-GPUJobs-quotaFacts">
+        <span>guaranteed {q.guaranteed_gpus} GPU{q.guaranteed_gpus === 1 ? '' : 's'}</span>
+        {q.borrowed_gpus > 0 && <span>{q.borrowed_gpus} borrowed (preemptible)</span>}
+        <span>{q.pending_jobs} pending</span>
+        {q.max_time_limit_s ? <span>max time {formatDuration(q.max_time_limit_s)}</span> : null}
+      </div>
+    </div>
+  );
+}
+
+function QuotaBar(props: {
+  label: string;
+  value: number;
+  max: number;
+  limitText: string;
+  guarantee?: number;
+  name: string;
+}): React.ReactElement {
+  const max = Math.max(props.max, 1);
+  const fraction = Math.min(1, props.value / max);
+  const over = props.guarantee !== undefined && props.value > props.guarantee;
+  return (
+    <div className={`jp-GPUJobs-quotaRow jp-GPUJobs-quota-${props.name}`}>
+      <div className="jp-GPUJobs-quotaLabel">
+        <span>{props.label}</span>
+        <span className="jp-GPUJobs-quotaValue">
+          {props.value} / {props.max} <span className="jp-GPUJobs-quotaLimit">({props.limitText})</span>
+        </span>
+      </div>
+      <div className="jp-GPUJobs-bar jp-GPUJobs-quotaBar">
+        <div
+          className={`jp-GPUJobs-barFill ${over ? 'jp-mod-borrowed' : 'jp-mod-low'}`}
+          style={{ width: `${(fraction * 100).toFixed(1)}%` }}
+        />
+        {props.guarantee !== undefined && props.guarantee > 0 && (
+          <div
+            className="jp-GPUJobs-guarantee"
+            title={`guaranteed: ${props.guarantee}`}
+            style={{ left: `${Math.min(100, (props.guarantee / max) * 100).toFixed(1)}%` }}
+          />
+        )}
+      </div>
+    </div>
+  );
+}

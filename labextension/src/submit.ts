@@ -1,0 +1,207 @@
+/**
+ * "Run on GPU queue…": a dialog for GPUs, GPU type, time limit, priority and parameters,
+ * then `POST jobs` with a notebook job. A 4xx answer reopens the dialog with the message
+ * next to the field it names, keeping what was typed.
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { PathExt } from '@jupyterlab/coreutils';
+import { Widget } from '@lumino/widgets';
+import { APIError, IJob, ISubmitNotebook, api } from './api';
+
+export interface ISubmitValues {
+  gpus: string;
+  gpuType: string;
+  timeLimit: string;
+  priority: string;
+  name: string;
+  parameters: string;
+}
+
+const PRIORITIES = ['low', 'normal', 'high', 'urgent'];
+
+/** `key=value` lines into an object; values that read as JSON (numbers, true, lists) are typed. */
+export function parseParameters(text: string): { [key: string]: any } {
+  const out: { [key: string]: any } = {};
+  text.split('\n').forEach((raw, i) => {
+    const line = raw.trim();
+    if (!line || line.startsWith('#')) {
+      return;
+    }
+    const eq = line.indexOf('=');
+    if (eq <= 0) {
+      throw new APIError(`line ${i + 1}: expected key=value, got "${line}"`, 400, 'parameters');
+    }
+    const key = line.slice(0, eq).trim();
+    const value = line.slice(eq + 1).trim();
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(key)) {
+      throw new APIError(`line ${i + 1}: "${key}" is not a Python name`, 400, 'parameters');
+    }
+    let parsed: any = value;
+    try {
+      parsed = JSON.parse(value);
+    } catch {
+      parsed = value.replace(/^(['"])(.*)\1$/, '$2');
+    }
+    out[key] = parsed;
+  });
+  return out;
+}
+
+class SubmitForm extends Widget {
+  constructor(path: string, types: string[], values: ISubmitValues, error: APIError | null) {
+    super();
+    this.addClass('jp-GPUJobs-submit');
+    const form = document.createElement('form');
+    form.className = 'jp-GPUJobs-form';
+    form.onsubmit = e => e.preventDefault();
+    const intro = document.createElement('p');
+    intro.className = 'jp-GPUJobs-formIntro';
+    intro.textContent = `Queue ${path} to run on GPUs; its output notebook is saved next to it.`;
+    form.append(intro);
+
+    this._gpus = input('number', values.gpus);
+    this._gpus.min = '0';
+    this._gpus.max = '64';
+    this._type = document.createElement('select');
+    for (const t of ['', ...types]) {
+      const opt = document.createElement('option');
+      opt.value = t;
+      opt.textContent = t || 'any type';
+      this._type.append(opt);
+    }
+    this._type.value = types.includes(values.gpuType) ? values.gpuType : '';
+    this._time = input('text', values.timeLimit);
+    this._time.placeholder = 'e.g. 30m, 2h, 1h30m (empty: server default)';
+    this._priority = document.createElement('select');
+    for (const p of PRIORITIES) {
+      const opt = document.createElement('option');
+      opt.value = p;
+      opt.textContent = p;
+      this._priority.append(opt);
+    }
+    this._priority.value = values.priority;
+    this._name = input('text', values.name);
+    this._params = document.createElement('textarea');
+    this._params.rows = 4;
+    this._params.value = values.parameters;
+    this._params.placeholder = 'one key=value per line, e.g.\nepochs=10\nlr=0.001';
+
+    const fields: [string, string, HTMLElement][] = [
+      ['gpus', 'GPUs', this._gpus],
+      ['gpu_type', 'GPU type', this._type],
+      ['time_limit', 'Time limit', this._time],
+      ['priority', 'Priority', this._priority],
+      ['name', 'Job name', this._name],
+      ['parameters', 'Parameters', this._params]
+    ];
+    for (const [field, label, control] of fields) {
+      control.classList.add('jp-mod-styled');
+      control.setAttribute('name', field);
+      const row = document.createElement('label');
+      row.className = 'jp-GPUJobs-formRow';
+      row.dataset.field = field;
+      const span = document.createElement('span');
+      span.className = 'jp-GPUJobs-formLabel';
+      span.textContent = label;
+      row.append(span, control);
+      if (error && (error.field === field || (field === 'parameters' && error.field === 'payload'))) {
+        row.classList.add('jp-mod-error');
+        const msg = document.createElement('span');
+        msg.className = 'jp-GPUJobs-formError';
+        msg.textContent = error.message;
+        row.append(msg);
+      }
+      form.append(row);
+    }
+    if (error && !fields.some(([f]) => f === error.field || (f === 'parameters' && error.field === 'payload'))) {
+      const msg = document.createElement('div');
+      msg.className = 'jp-GPUJobs-formError';
+      msg.textContent = error.message;
+      form.append(msg);
+    }
+    this.node.append(form);
+  }
+
+  getValue(): ISubmitValues {
+    return {
+      gpus: this._gpus.value,
+      gpuType: this._type.value,
+      timeLimit: this._time.value,
+      priority: this._priority.value,
+      name: this._name.value,
+      parameters: this._params.value
+    };
+  }
+
+  private _gpus: HTMLInputElement;
+  private _type: HTMLSelectElement;
+  private _time: HTMLInputElement;
+  private _priority: HTMLSelectElement;
+  private _name: HTMLInputElement;
+  private _params: HTMLTextAreaElement;
+}
+
+function input(type: string, value: string): HTMLInputElement {
+  const el = document.createElement('input');
+  el.type = type;
+  el.value = value;
+  return el;
+}
+
+export function buildRequest(path: string, v: ISubmitValues): ISubmitNotebook {
+  const gpus = Number(v.gpus);
+  if (!Number.isInteger(gpus) || gpus < 0) {
+    throw new APIError(`expected a whole number of GPUs, got "${v.gpus}"`, 400, 'gpus');
+  }
+  return {
+    kind: 'notebook',
+    name: v.name.trim() || PathExt.basename(path, '.ipynb'),
+    gpus,
+    gpu_type: v.gpuType || null,
+    time_limit: v.timeLimit.trim() || null,
+    priority: v.priority || 'normal',
+    payload: { notebook: path, parameters: parseParameters(v.parameters) }
+  };
+}
+
+/** Ask, submit, and answer the job (or null when the user cancelled). */
+export async function runOnGPUQueue(path: string): Promise<IJob | null> {
+  let types: string[] = [];
+  try {
+    const inventory = await api.gpus();
+    types = Array.from(new Set(inventory.gpus.map(g => g.name))).sort();
+  } catch {
+    types = [];
+  }
+  let values: ISubmitValues = {
+    gpus: '1',
+    gpuType: '',
+    timeLimit: '1h',
+    priority: 'normal',
+    name: PathExt.basename(path, '.ipynb'),
+    parameters: ''
+  };
+  let error: APIError | null = null;
+  for (;;) {
+    const form = new SubmitForm(path, types, values, error);
+    const result = await showDialog<ISubmitValues>({
+      title: 'Run on GPU queue',
+      body: form,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })],
+      focusNodeSelector: 'input'
+    });
+    if (!result.button.accept || !result.value) {
+      return null;
+    }
+    values = result.value;
+    try {
+      return await api.submit(buildRequest(path, values));
+    } catch (e) {
+      if (e instanceof APIError && e.status >= 400 && e.status < 500) {
+        error = e;
+        continue;
+      }
+      throw e;
+    }
+  }
+}
