@@ -82,7 +82,7 @@ function PanelView(props: {
               ? 'The GPU job engine is unreachable'
               : 'The GPU job engine answered with an error'}
           </div>
-          <div className="jp-GPUJobs-errorText">{error.message}</div>
+          <div className="jp-GPUJobs-errorText">{withCode(error.message)}</div>
           <button
             className="jp-GPUJobs-button jp-mod-accept"
             onClick={() => actions.retry()}
@@ -109,6 +109,13 @@ function PanelView(props: {
       )}
     </div>
   );
+}
+
+/** Text with `backtick` spans shown as code (commands to run). */
+function withCode(text: string): React.ReactNode[] {
+  return text
+    .split('`')
+    .map((part, i) => (i % 2 === 1 ? <code key={i}>{part}</code> : part));
 }
 
 function Connection(props: { model: GPUJobsModel }): React.ReactElement {

@@ -1,0 +1,161 @@
+"""Helpers of the browser tests: start and stop a real `jupyter lab` (fake GPUs, a non-root
+base_url, isolated Jupyter dirs), drive its page, take screenshots (tests/ui/screenshots/)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+BASE_URL = "/lab-under-test/"
+FAKE_GPUS = "2xA100"
+SCREENSHOTS = Path(__file__).with_name("screenshots")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Lab:
+    url: str  # http://127.0.0.1:PORT/lab-under-test/
+    root: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("GPUJOBS_URL", "GPUJOBS_TOKEN", "JUPYTER_TOKEN"):
+        env.pop(key, None)
+    env.update({
+        "JUPYTER_DATA_DIR": str(tmp / "data"),
+        "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces"),
+        "IPYTHONDIR": str(tmp / "ipython"),
+        "GPUJOBS_FAKE_GPUS": FAKE_GPUS,
+        "JUPYTER_PLATFORM_DIRS": "1",
+    })
+    env.update(extra)
+    # No "get notified about Jupyter news?" toast over the notifications under test.
+    news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false"}')
+    return env
+
+
+def start_lab(tmp: Path, *, jupyter: str | None = None, env: dict[str, str] | None = None,
+              extra_args: list[str] | None = None, timeout: float = 90, root: Path | None = None,
+              wrapper: list[str] | None = None) -> Lab:
+    """Start `jupyter lab` in `root` (default tmp/root) and wait until it answers."""
+    root = root or tmp / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    env = env or isolated_env(tmp)
+    port = free_port()
+    jupyter = jupyter or str(Path(sys.executable).with_name("jupyter"))
+    log_path = tmp / "lab.log"
+    cmd = [
+        *(wrapper or []), jupyter, "lab", "--no-browser", "--ip", "127.0.0.1", "--port", str(port),
+        "--IdentityProvider.token=", "--allow-root", f"--ServerApp.base_url={BASE_URL}",
+        f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+        "--GPUJobs.tick_interval=0.5", "--GPUJobs.kill_grace=1",
+        *(extra_args or []),
+    ]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}{BASE_URL}"
+    lab = Lab(url=url, root=root, env=env, proc=proc, log_path=log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {proc.returncode}:\n{lab.log_tail()}")
+        try:
+            r = httpx.get(url + "api/status", timeout=2)
+            if r.status_code == 200:
+                return lab
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stop_lab(lab)
+    raise RuntimeError(f"jupyter lab did not answer at {url} within {timeout}s:\n{lab.log_tail()}")
+
+
+def stop_lab(lab: Lab) -> None:
+    if lab.proc.poll() is None:
+        lab.proc.terminate()
+        try:
+            lab.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            lab.proc.kill()
+            lab.proc.wait(5)
+
+
+def open_lab(pg: Any, url: str, theme: str | None = None) -> None:
+    pg.goto(url + "lab", wait_until="domcontentloaded")
+    pg.wait_for_function("window.jupyterapp && window.jupyterapp.started !== undefined", timeout=60000)
+    pg.wait_for_selector("#jp-main-dock-panel", timeout=60000)
+    pg.evaluate("window.jupyterapp.started")
+    pg.wait_for_selector(".jp-GPUJobs-status", timeout=30000)
+    if theme:
+        set_theme(pg, theme)
+
+
+def set_theme(pg: Any, theme: str) -> None:
+    pg.evaluate("t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+    pg.wait_for_function(
+        "t => document.body.dataset.jpThemeName === t", arg=theme, timeout=20000
+    )
+    pg.wait_for_timeout(500)
+
+
+def open_panel(pg: Any) -> Any:
+    pg.evaluate("window.jupyterapp.commands.execute('gpujobs:open-panel')")
+    panel = pg.locator("#gpujobs-panel")
+    panel.wait_for(state="visible", timeout=10000)
+    return panel
+
+
+def screenshot(pg: Any, name: str, locator: Any | None = None) -> Path:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    (locator or pg).screenshot(path=str(path))
+    return path
+
+
+def copy_to_docs(path: Path, name: str) -> None:
+    """With GPUJOBS_UPDATE_DOCS_IMAGES=1, refresh the README images (docs/images/, committed)."""
+    if os.environ.get("GPUJOBS_UPDATE_DOCS_IMAGES") != "1":
+        return
+    dest = REPO / "docs" / "images" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, dest)

@@ -1,0 +1,352 @@
+"""The GPU Jobs sidebar, status bar item, run-notebook dialog, log viewer and notifications in a
+real JupyterLab (base_url /lab-under-test/, fake GPUs 2xA100) driven by Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labtools import (
+    REPO,
+    Lab,
+    copy_to_docs,
+    isolated_env,
+    open_lab,
+    open_panel,
+    screenshot,
+    set_theme,
+    start_lab,
+    stop_lab,
+)
+
+pytestmark = pytest.mark.ui
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST")
+
+
+def sleeper(seconds: float, code: int = 0) -> list[str]:
+    return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({code})"]
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def idle_engine(client: Any) -> Iterator[None]:
+    """Each test starts (and leaves) the shared engine with nothing pending or running."""
+
+    def drain() -> None:
+        for job in client.jobs(state="PENDING,RUNNING", limit=1000)["jobs"]:
+            try:
+                client.cancel(job["id"])
+            except Exception:
+                pass
+        wait_for(lambda: not client.jobs(state="PENDING,RUNNING")["jobs"], 30, "the engine to be idle")
+
+    drain()
+    yield
+    drain()
+
+
+def job_row(page: Any, job_id: int) -> Any:
+    return page.locator(f'#gpujobs-panel .jp-GPUJobs-job[data-job-id="{job_id}"]')
+
+
+def status_text(page: Any) -> str:
+    return page.locator(".jp-GPUJobs-statusText").inner_text()
+
+
+# ---------------------------------------------------------------------------- GPUs
+
+
+def test_panel_lists_the_gpus(page: Any) -> None:
+    panel = open_panel(page)
+    cards = panel.locator(".jp-GPUJobs-gpu")
+    cards.first.wait_for(timeout=10000)
+    assert cards.count() == 2
+    for i in range(2):
+        card = cards.nth(i)
+        assert "A100" in card.inner_text()
+        assert card.locator(".jp-GPUJobs-tag.jp-mod-free").inner_text() == "free"
+        assert card.locator("svg.jp-GPUJobs-gauge").count() == 1
+        assert card.locator(".jp-GPUJobs-memBar").count() == 1
+    # The REST calls and the websocket go under the non-root base_url.
+    assert panel.locator(".jp-GPUJobs-conn.jp-mod-live").count() == 1
+    assert "GPU: 0 running · 0 queued" in status_text(page)
+
+
+# ------------------------------------------------------- live: queued, running, done
+
+
+def test_cli_job_appears_live_and_goes_queued_running_done(page: Any, lab: Lab, client: Any) -> None:
+    open_panel(page)
+    # Both A100s busy for a few seconds, so the CLI job has to wait its turn.
+    blocker = client.submit(sleeper(4), gpus=2, time_limit="1m", name="blocker")
+    cli = [str(Path(sys.executable).with_name("jupyter")), "gpujobs", "submit", "--url", lab.url,
+           "--token", "", "-g", "1", "-t", "1m", "--name", "from-cli", "--",
+           sys.executable, "-c", "import time; time.sleep(3)"]
+    out = subprocess.run(cli, env=lab.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    submitted = time.monotonic()
+    job_id = int(out.stdout.split()[1])  # "job 2 PENDING (...)"
+
+    row = job_row(page, job_id)
+    row.wait_for(timeout=2000)  # no reload: it comes over the websocket
+    assert time.monotonic() - submitted < 2.5
+    assert "from-cli" in row.inner_text()
+
+    seen_states: list[str] = []
+    seen_status: set[str] = set()
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        state = row.get_attribute("data-state")
+        if not seen_states or seen_states[-1] != state:
+            seen_states.append(state)
+        seen_status.add(status_text(page))
+        if state in FINAL:
+            break
+        time.sleep(0.1)
+    assert seen_states[0] == "PENDING", seen_states
+    assert "RUNNING" in seen_states, seen_states
+    assert seen_states[-1] == "COMPLETED", seen_states
+    assert seen_states.index("RUNNING") < seen_states.index("COMPLETED")
+    # The status bar followed: the blocker running with mine queued, then mine running.
+    assert "GPU: 1 running · 1 queued" in seen_status, seen_status
+    wait_for(lambda: status_text(page) == "GPU: 0 running · 0 queued", 10, "the status bar to clear")
+    assert client.job(blocker["id"])["state"] == "COMPLETED"
+
+
+def test_pending_job_shows_queue_position_reason_and_expected_start(page: Any, client: Any) -> None:
+    panel = open_panel(page)
+    running = client.submit(sleeper(30), gpus=2, time_limit="2m", name="hog")
+    waiting = client.submit(sleeper(1), gpus=1, time_limit="1m", name="waiter")
+    row = job_row(page, waiting["id"])
+    row.wait_for(timeout=5000)
+    wait_for(lambda: job_row(page, running["id"]).get_attribute("data-state") == "RUNNING", 15, "hog running")
+    text = wait_for(lambda: "starts" in row.inner_text() and row.inner_text(), 10, "the expected start")
+    assert "in queue" in text
+    queue_row = panel.locator(f'.jp-GPUJobs-queue tr[data-job-id="{waiting["id"]}"]')
+    queue_row.wait_for(timeout=5000)
+    assert "1×any GPU" in queue_row.inner_text()
+    # The running job's time bar and the GPU card that holds it.
+    hog = job_row(page, running["id"])
+    assert hog.locator(".jp-GPUJobs-timeBar").count() == 1
+    assert "/ 2m" in hog.inner_text()
+    wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 10, "busy GPU cards")
+    assert f"job #{running['id']}" in panel.locator(".jp-GPUJobs-gpu").first.inner_text()
+    # My quota counts the running GPUs.
+    wait_for(lambda: "2 /" in panel.locator(".jp-GPUJobs-quota-gpus").inner_text(), 10, "quota bar")
+
+
+# ------------------------------------------------------------------------- cancel
+
+
+def test_cancel_from_the_panel_ends_a_running_job(page: Any, client: Any) -> None:
+    open_panel(page)
+    job = client.submit(sleeper(120), gpus=1, time_limit="5m", name="to-cancel")
+    row = job_row(page, job["id"])
+    wait_for(lambda: row.get_attribute("data-state") == "RUNNING", 20, "the job to run")
+    row.locator('button[data-action="cancel"]').click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=5000)
+    assert f"Cancel job #{job['id']}?" in dialog.inner_text()
+    dialog.locator("button", has_text="Cancel job").click()
+    wait_for(lambda: row.get_attribute("data-state") == "CANCELLED", 20, "the row to say cancelled")
+    assert client.job(job["id"])["state"] == "CANCELLED"
+
+
+# --------------------------------------------------------------------- log viewer
+
+
+def test_log_opens_in_the_main_area_and_follows_live(page: Any, client: Any) -> None:
+    open_panel(page)
+    code = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.6)\nprint('the end')"
+    job = client.submit([sys.executable, "-c", code], gpus=1, time_limit="1m", name="chatty")
+    row = job_row(page, job["id"])
+    wait_for(lambda: row.get_attribute("data-state") == "RUNNING", 20, "the job to run")
+    row.locator('button[data-action="log"]').click()
+    log = page.locator(f"#gpujobs-log-{job['id']} .jp-GPUJobs-logText")
+    log.wait_for(timeout=5000)
+    first = wait_for(lambda: log.inner_text() or None, 10, "the first log lines")
+    assert "the end" not in first  # it opened while the job was still writing
+    wait_for(lambda: "the end" in log.inner_text(), 20, "the log to follow to the end")
+    assert [ln for ln in log.inner_text().splitlines() if ln.startswith("line")] == [f"line {i}" for i in range(5)]
+    status = page.locator(f"#gpujobs-log-{job['id']} .jp-GPUJobs-logStatus")
+    wait_for(lambda: "finished" in status.inner_text(), 10, "the viewer to see the end")
+
+
+# ------------------------------------------------------------- run notebook dialog
+
+
+def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, lab: Lab, client: Any) -> None:
+    nb_dir = lab.root / "experiments"
+    nb_dir.mkdir(exist_ok=True)
+    shutil.copyfile(REPO / "binder" / "square.ipynb", nb_dir / "square.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('filebrowser:go-to-path', {path: 'experiments'})")
+    item = page.locator(".jp-DirListing-item", has_text="square.ipynb")
+    item.wait_for(timeout=15000)
+
+    posted: list[dict[str, Any]] = []
+    page.on("request", lambda r: posted.append(json.loads(r.post_data))
+            if r.method == "POST" and r.url.split("?")[0].endswith("/gpujobs/api/jobs") else None)
+
+    item.click(button="right")
+    page.locator(".lm-Menu-item", has_text="Run on GPU queue…").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=10000)
+    assert "Run on GPU queue" in dialog.inner_text()
+    dialog.locator('select[name="gpu_type"]').select_option("A100")
+    dialog.locator('input[name="time_limit"]').fill("2m")
+    dialog.locator('select[name="priority"]').select_option("high")
+    dialog.locator('textarea[name="parameters"]').fill("n=7\nlabel=seven")
+    screenshot(page, "submit-dialog", dialog.locator(".jp-Dialog-content"))
+    dialog.locator("button", has_text="Submit").click()
+
+    wait_for(lambda: posted, 10, "the POST jobs request")
+    body = posted[0]
+    assert body["kind"] == "notebook"
+    assert body["gpus"] == 1 and body["gpu_type"] == "A100" and body["time_limit"] == "2m"
+    assert body["priority"] == "high" and body["name"] == "square"
+    assert body["payload"] == {"notebook": "experiments/square.ipynb", "parameters": {"n": 7, "label": "seven"}}
+
+    job = wait_for(lambda: next(iter(client.jobs(kind="notebook", limit=1)["jobs"]), None), 10, "the job")
+    row = job_row(page, job["id"])
+    row.wait_for(timeout=5000)
+    wait_for(lambda: row.get_attribute("data-state") in FINAL, 120, "the notebook job to end")
+    assert row.get_attribute("data-state") == "COMPLETED", client.log(job["id"])["data"]
+    button = row.locator('button[data-action="output"]')
+    button.wait_for(timeout=10000)
+    output = client.job(job["id"])["output_notebook"]
+    assert output and not output.startswith("/"), output  # relative to the server root
+    button.click()
+    tab = page.locator(".lm-TabBar-tab", has_text=Path(output).name)
+    tab.wait_for(timeout=15000)
+    page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="7 squared is 49").wait_for(
+        timeout=20000)
+
+
+# ------------------------------------------------------------------ notifications
+
+
+def test_notification_when_my_job_fails(page: Any, client: Any) -> None:
+    open_panel(page)
+    job = client.submit(sleeper(0.5, code=3), gpus=1, time_limit="1m", name="doomed")
+    toast = page.locator(".Toastify__toast", has_text=f"Job #{job['id']} doomed failed")
+    toast.wait_for(timeout=20000)
+    final = client.job(job["id"])
+    assert final["state"] == "FAILED"
+    reason = final["reason"] or f"exit code {final['exit_code']}"
+    assert reason in toast.inner_text()
+
+
+def test_notifications_setting_turns_them_off(page: Any, lab: Lab, client: Any) -> None:
+    settings_file = Path(lab.env["JUPYTERLAB_SETTINGS_DIR"]) / "jupyter-gpujobs" / "plugin.jupyterlab-settings"
+    settings_file.parent.mkdir(parents=True, exist_ok=True)
+    settings_file.write_text('{"notifications": false}')
+    try:
+        open_lab(page, lab.url)  # the setting is read at start
+        open_panel(page)
+        job = client.submit(sleeper(0.2, code=1), gpus=1, time_limit="1m", name="quiet")
+        row = job_row(page, job["id"])
+        wait_for(lambda: row.get_attribute("data-state") == "FAILED", 20, "the job to fail")
+        page.wait_for_timeout(1000)
+        assert page.locator(".Toastify__toast", has_text=f"Job #{job['id']}").count() == 0
+    finally:
+        settings_file.unlink()
+
+
+# ------------------------------------------------------------------- screenshots
+
+
+def test_screenshots_light_and_dark(page: Any, client: Any) -> None:
+    """A representative panel: a running job, one waiting, a finished and a failed one."""
+    done = client.submit(sleeper(0.5), gpus=1, gpu_type="A100", time_limit="10m", name="warmup")
+    failed = client.submit(sleeper(0.5, code=2), gpus=1, time_limit="10m", name="bad-config")
+    wait_for(lambda: client.job(failed["id"])["state"] in FINAL and client.job(done["id"])["state"] in FINAL,
+             30, "the short jobs to end")
+    client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
+    client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
+    waiting = client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", priority="high",
+                            name="sweep-lr")
+    panel = open_panel(page)
+    job_row(page, waiting["id"]).wait_for(timeout=10000)
+    wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 15, "both GPUs busy")
+    page.wait_for_timeout(3500)  # a few seconds of elapsed time and a utilization sample
+    page.evaluate("document.querySelectorAll('.Toastify__toast').forEach(t => t.remove())")
+    light = screenshot(page, "panel-light", panel)
+    screenshot(page, "lab-light")
+    set_theme(page, "JupyterLab Dark")
+    dark = screenshot(page, "panel-dark", panel)
+    screenshot(page, "lab-dark")
+    set_theme(page, "JupyterLab Light")
+    copy_to_docs(light, "panel-light.png")
+    copy_to_docs(dark, "panel-dark.png")
+
+
+# ------------------------------------------------------- empty and error states
+
+
+def _nvml_has_gpus() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount() > 0
+    except Exception:
+        return False
+
+
+def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
+    """A server without GPUs says so; a server without the engine says what to do."""
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    try:
+        if not _nvml_has_gpus():
+            env = isolated_env(tmp_path / "nogpu")
+            env.pop("GPUJOBS_FAKE_GPUS")
+            nogpu = start_lab(tmp_path / "nogpu", env=env)
+            try:
+                open_lab(page, nogpu.url)
+                panel = open_panel(page)
+                empty = panel.locator(".jp-GPUJobs-section-gpus .jp-GPUJobs-empty")
+                empty.wait_for(timeout=10000)
+                assert "No GPUs on this server" in empty.inner_text()
+                assert "GPUJOBS_FAKE_GPUS" in empty.inner_text()
+                screenshot(page, "panel-no-gpus", panel)
+            finally:
+                stop_lab(nogpu)
+        env = isolated_env(tmp_path / "noengine")
+        cfg = Path(env["JUPYTER_CONFIG_DIR"])
+        cfg.mkdir(parents=True, exist_ok=True)
+        (cfg / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_gpujobs": False}}}))
+        noengine = start_lab(tmp_path / "noengine", env=env)
+        try:
+            open_lab(page, noengine.url)
+            panel = open_panel(page)
+            error = panel.locator(".jp-GPUJobs-error")
+            error.wait_for(timeout=10000)
+            text = error.inner_text()
+            assert "unreachable" in text
+            assert "jupyter server extension enable jupyter_gpujobs" in text
+            assert "engine unreachable" in status_text(page)
+            screenshot(page, "panel-unreachable", panel)
+        finally:
+            stop_lab(noengine)
+    finally:
+        context.close()
