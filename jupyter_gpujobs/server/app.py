@@ -83,9 +83,15 @@ class GPUJobsApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
         assert self.service is not None
         await self.service.start()
+        from ..provisioner import start_reconciler
+
+        start_reconciler()  # end the jobs of GPU kernels that did not survive a restart
 
     async def stop_extension(self) -> None:
         if self.service is not None:
+            from ..provisioner import release_kernel_jobs
+
+            await release_kernel_jobs()  # while the engine still answers; kernels stop next
             await self.service.stop()
             self.service.store.close()
             self.service.gpus.close()

@@ -1,0 +1,326 @@
+"""GPU kernels through a real `jupyter server` (`live_server`) on fake GPUs: a kernel started
+with `POST /api/kernels` waits in the queue for its GPU, sees it in CUDA_VISIBLE_DEVICES, and
+gives it back on shutdown, at its time limit, when it dies, when idle, and after a restart of
+the server. Plus the pieces of the provisioner that need no server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jupyter_gpujobs.provisioner import GPUKernelProvisioner, GPUKernelStartError, human_duration
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def install_spec(server: Any, name: str, *options: str) -> None:
+    """Install a GPU kernelspec into the live server's JUPYTER_DATA_DIR (with the CLI)."""
+    cmd = [sys.executable, "-m", "jupyter_gpujobs.cli", "kernelspec", "install", "--user", "--name", name,
+           *options]
+    done = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+class Kernels:
+    """The live server's `/api/kernels`, plus kernel clients over the connection files."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.http = httpx.Client(base_url=server.url, headers={"Authorization": f"token {server.token}"},
+                                 timeout=60)
+        self.clients: list[Any] = []
+        self.pids: list[int] = []
+
+    def start(self, name: str) -> httpx.Response:
+        return self.http.post("api/kernels", json={"name": name})
+
+    def start_ok(self, name: str) -> str:
+        r = self.start(name)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def ids(self) -> list[str]:
+        return [k["id"] for k in self.http.get("api/kernels").json()]
+
+    def client(self, kernel_id: str) -> Any:
+        from jupyter_client import BlockingKernelClient
+
+        path = Path(self.server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"
+        kc = BlockingKernelClient(connection_file=str(path))
+        kc.load_connection_file()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=30)
+        self.clients.append(kc)
+        return kc
+
+    def evaluate(self, kernel_id: str, expression: str) -> str:
+        kc = self.client(kernel_id)
+        msg_id = kc.execute("import os", user_expressions={"v": expression})
+        while True:
+            reply = kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        value = reply["content"]["user_expressions"]["v"]
+        assert value["status"] == "ok", value
+        text = value["data"]["text/plain"]
+        if expression.endswith("getpid()"):
+            self.pids.append(int(text))
+        return text.strip("'")
+
+    def close(self) -> None:
+        for kc in self.clients:
+            kc.stop_channels()
+        for pid in self.pids:  # no kernel may outlive its test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.http.close()
+
+
+@pytest.fixture
+def kernels() -> Iterator[Callable[[Any], Kernels]]:
+    made: list[Kernels] = []
+
+    def make(server: Any) -> Kernels:
+        k = Kernels(server)
+        made.append(k)
+        return k
+
+    yield make
+    for k in made:
+        k.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.1)
+
+
+def kernel_jobs(client: Any) -> list[dict[str, Any]]:
+    return [j for j in client.jobs(limit=100)["jobs"] if j["kind"] == "kernel"]
+
+
+def gpu_holder(client: Any, index: int = 0) -> int | None:
+    return next(g["job_id"] for g in client.gpus() if g["index"] == index)
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+
+def test_kernel_gets_its_gpu_second_waits_restart_keeps_it(live_server: Any, kernels: Any) -> None:
+    # kernel_info_timeout 2 s: the queue wait (4 s here) must not count against it
+    server = live_server(fake_gpus="1xA100", start=False,
+                         extra_args=["--MappingKernelManager.kernel_info_timeout=2"])
+    install_spec(server, "python3-gpu", "--gpus", "1", "--time", "10m", "--type", "A100", "--max-wait", "1m")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+
+    first = k.start_ok("python3-gpu")
+    job = kernel_jobs(client)[0]
+    assert job["state"] == "RUNNING" and job["name"] == "kernel python3-gpu"
+    assert k.evaluate(first, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
+    assert k.evaluate(first, "os.environ['NVIDIA_VISIBLE_DEVICES']") == "0"
+    assert k.evaluate(first, "os.environ['CUDA_DEVICE_ORDER']") == "PCI_BUS_ID"
+    assert k.evaluate(first, "os.environ['GPUJOBS_JOB_ID']") == str(job["id"])
+    assert gpu_holder(client) == job["id"]
+    pid = int(k.evaluate(first, "os.getpid()"))
+
+    # a restart keeps the allocation (same job, same GPU, new process)
+    r = k.http.post(f"api/kernels/{first}/restart")
+    assert r.status_code == 200, r.text
+    assert k.evaluate(first, "os.environ['GPUJOBS_JOB_ID']") == str(job["id"])
+    assert int(k.evaluate(first, "os.getpid()")) != pid
+    assert client.job(job["id"])["state"] == "RUNNING"
+
+    # a second GPU kernel waits in the queue...
+    answer: dict[str, httpx.Response] = {}
+    waiter = threading.Thread(target=lambda: answer.setdefault("r", k.start("python3-gpu")))
+    waiter.start()
+    queued = wait_until(lambda: [j for j in client.queue() if j["kind"] == "kernel"], 10, "second kernel queued")
+    assert queued[0]["name"] == "kernel python3-gpu" and queued[0]["position"] in (1, None)
+    time.sleep(4)
+    assert waiter.is_alive() and "r" not in answer
+
+    # ... and starts when the first is shut down
+    assert k.http.delete(f"api/kernels/{first}").status_code == 204
+    assert client.job(job["id"])["state"] == "COMPLETED"
+    assert client.job(job["id"])["reason"] == "kernel shut down"
+    waiter.join(30)
+    assert answer["r"].status_code == 201, answer["r"].text
+    second = answer["r"].json()["id"]
+    assert k.evaluate(second, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
+    assert k.evaluate(second, "os.environ['GPUJOBS_JOB_ID']") == str(queued[0]["id"])
+    assert client.job(queued[0]["id"])["state"] == "RUNNING"
+
+
+def test_time_limit_shuts_the_kernel_down(live_server: Any, kernels: Any) -> None:
+    server = live_server(fake_gpus="1xA100", config={"time_limit_warning": 2}, start=False)
+    install_spec(server, "gpu-short", "--time", "5s")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+
+    kernel = k.start_ok("gpu-short")
+    k.evaluate(kernel, "os.getpid()")
+    job = kernel_jobs(client)[0]
+    wait_until(lambda: kernel not in k.ids(), 20, "timed-out kernel shut down")
+    final = client.job(job["id"])
+    assert final["state"] == "TIMEOUT", final
+    assert "time limit" in final["reason"]
+    assert "WARNING" in [e["state"] for e in client.events(job["id"])]
+    assert gpu_holder(client) is None
+    wait_until(lambda: not _alive(k.pids[0]), 10, "kernel process ended")
+
+
+def test_killed_kernel_frees_its_gpu(live_server: Any, kernels: Any) -> None:
+    server = live_server(fake_gpus="1xA100", start=False)
+    install_spec(server, "python3-gpu", "--time", "10m")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+
+    kernel = k.start_ok("python3-gpu")
+    pid = int(k.evaluate(kernel, "os.getpid()"))
+    job = kernel_jobs(client)[0]
+    os.kill(pid, signal.SIGKILL)
+    final = wait_until(lambda: (j := client.job(job["id"]))["state"] != "RUNNING" and j, 10, "job ended")
+    assert final["state"] == "FAILED", final
+    assert final["reason"] == "kernel died (SIGKILL)"
+    assert gpu_holder(client) is None
+    # not relaunched on the GPU behind the queue's back; Jupyter drops the dead kernel
+    wait_until(lambda: kernel not in k.ids(), 15, "dead kernel removed")
+    assert [j["state"] for j in kernel_jobs(client)] == ["FAILED"]
+
+
+def test_idle_kernel_is_reclaimed_busy_one_is_not(live_server: Any, kernels: Any) -> None:
+    server = live_server(fake_gpus="2xA100", start=False)
+    install_spec(server, "gpu-idle", "--time", "10m", "--idle-timeout", "3s")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+
+    idle = k.start_ok("gpu-idle")
+    busy = k.start_ok("gpu-idle")
+    jobs = {j["id"]: j for j in kernel_jobs(client)}
+    by_kernel = {j["payload"]["kernel_id"]: j["id"] for j in jobs.values()}
+    kc = k.client(busy)
+    kc.execute("import time\nt = time.time()\nwhile time.time() - t < 14:\n    pass\n")
+    t0 = time.monotonic()
+
+    wait_until(lambda: idle not in k.ids(), 15, "idle kernel reclaimed")
+    reclaimed = client.job(by_kernel[idle])
+    assert reclaimed["state"] == "CANCELLED", reclaimed
+    assert reclaimed["reason"] == "idle for 3 s"
+    time.sleep(max(0.0, 8 - (time.monotonic() - t0)))
+    assert busy in k.ids()
+    assert client.job(by_kernel[busy])["state"] == "RUNNING"
+    holders = {g["index"]: g["job_id"] for g in client.gpus()}
+    assert sorted(v for v in holders.values() if v) == [by_kernel[busy]]
+
+
+def test_wait_beyond_the_maximum_fails_the_start(live_server: Any, kernels: Any) -> None:
+    server = live_server(fake_gpus="1xA100", start=False)
+    install_spec(server, "python3-gpu", "--time", "10m")
+    install_spec(server, "gpu-impatient", "--time", "10m", "--max-wait", "2s")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+
+    k.start_ok("python3-gpu")
+    t0 = time.monotonic()
+    r = k.start("gpu-impatient")
+    assert 1.5 < time.monotonic() - t0 < 10
+    assert r.status_code == 503, r.text
+    message = r.json()["message"]
+    assert "no GPU became free for kernel 'gpu-impatient' within 2s (max_wait)" in message
+    assert "was cancelled" in message
+    gave_up = [j for j in kernel_jobs(client) if j["name"] == "kernel gpu-impatient"]
+    assert [j["state"] for j in gave_up] == ["CANCELLED"]
+    assert client.queue() == []
+    assert len(k.ids()) == 1
+
+
+def test_server_restart_ends_the_jobs_of_lost_kernels(live_server: Any, kernels: Any) -> None:
+    server = live_server(fake_gpus="1xA100", start=False)
+    install_spec(server, "python3-gpu", "--time", "10m")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+    kernel = k.start_ok("python3-gpu")
+    pid = int(k.evaluate(kernel, "os.getpid()"))
+    job = kernel_jobs(client)[0]
+
+    server.kill()  # SIGKILL: no cleanup; ipykernel's parent poller then stops the kernel
+    wait_until(lambda: not _alive(pid), 10, "orphaned kernel exited")
+    server.start()
+    client = server.client()
+    final = wait_until(lambda: (j := client.job(job["id"]))["state"] != "RUNNING" and j, 15, "job ended")
+    assert final["state"] == "FAILED" and "kernel gone" in final["reason"], final
+    assert gpu_holder(client) is None
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# ----------------------------------------------------------------------------- no server
+
+
+def test_human_duration() -> None:
+    assert human_duration(1800) == "30 min"
+    assert human_duration(7200) == "2 h"
+    assert human_duration(3) == "3 s"
+    assert human_duration(90) == "1m30s"
+
+
+def test_bad_kernelspec_config_fails_with_the_field() -> None:
+    p = GPUKernelProvisioner(gpus=1, time_limit="4x")
+    with pytest.raises(GPUKernelStartError) as err:
+        p._settings()
+    assert err.value.status_code == 400
+    assert "time_limit: cannot read duration '4x'" in str(err.value)
+    assert "gpus" in str(pytest.raises(GPUKernelStartError, GPUKernelProvisioner(gpus=0)._settings).value)
+    ok = GPUKernelProvisioner(gpus="2", time_limit="1h30m", idle_timeout="0", max_wait=None)._settings()
+    assert ok == {"gpus": 2, "gpu_type": None, "time_limit": 5400, "priority": "normal",
+                  "idle_timeout": None, "max_wait": None}
+
+
+def test_kernelspec_config_reaches_the_provisioner(tmp_path: Path, monkeypatch: Any) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    done = subprocess.run([sys.executable, "-m", "jupyter_gpujobs.cli", "kernelspec", "install", "--user",
+                           "--name", "python3-gpu", "--gpus", "2", "--time", "4h", "--type", "A100",
+                           "--idle-timeout", "30m", "--max-wait", "1h"],
+                          capture_output=True, text=True, env={**os.environ}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    spec = KernelSpecManager().get_kernel_spec("python3-gpu")
+    factory = KernelProvisionerFactory.instance()
+    assert factory.is_provisioner_available(spec)
+    p = factory.create_provisioner_instance("kid", spec, parent=None)
+    assert isinstance(p, GPUKernelProvisioner)
+    assert p._settings() == {"gpus": 2, "gpu_type": "A100", "time_limit": 14400, "priority": "normal",
+                             "idle_timeout": 1800, "max_wait": 3600}
