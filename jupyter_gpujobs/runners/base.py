@@ -65,4 +65,4 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def alive(self, handle: dict[str, Any]) -> bool:
-        """Is the run's supervisor still there?"""
+        """Is the run still going: its supervisor is there and has not written a result?"""

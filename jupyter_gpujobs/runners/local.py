@@ -91,7 +91,7 @@ class LocalRunner(Runner):
                                     "at": time.time()})
         if not os.path.exists(os.path.join(job_dir, "ready")):
             return  # the shim reads control.json before it starts the job
-        if self.alive(handle):
+        if self._shim_alive(handle):
             try:
                 os.kill(int(handle["pid"]), signal.SIGTERM)
             except OSError:
@@ -123,7 +123,7 @@ class LocalRunner(Runner):
             elif mono - self._checked.get(job_dir, -1e9) < self.liveness_interval:
                 continue
             self._checked[job_dir] = mono
-            if self.alive(handle):
+            if self._shim_alive(handle):
                 continue
             exit_ = self._read_result(job_id, result_path)  # it may have finished just now
             if exit_ is None:
@@ -134,6 +134,12 @@ class LocalRunner(Runner):
         return out
 
     def alive(self, handle: dict[str, Any]) -> bool:
+        job_dir = handle.get("job_dir")
+        if not job_dir or os.path.exists(os.path.join(job_dir, "result.json")):
+            return False
+        return self._shim_alive(handle)
+
+    def _shim_alive(self, handle: dict[str, Any]) -> bool:
         job_dir = handle.get("job_dir")
         proc = self._children.get(job_dir) if job_dir else None
         if proc is not None and proc.poll() is not None:

@@ -229,9 +229,11 @@ class Shim:
         import psutil
 
         sent = 0
+        group: int | None = None
         if self.child_pid is not None and self.child_status is None:
             try:
                 os.killpg(self.child_pid, sig)  # not reaped yet, so the group id is still ours
+                group = self.child_pid
                 sent += 1
             except OSError:
                 pass
@@ -239,9 +241,11 @@ class Shim:
             try:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
+                if group is not None and os.getpgid(p.pid) == group:
+                    continue  # got it through the group: a second SIGTERM could cut its cleanup short
                 p.send_signal(sig)
                 sent += 1
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 pass
         return sent
 

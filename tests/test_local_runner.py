@@ -1,0 +1,381 @@
+"""The local runner and its shim with real processes: the job environment, the log, exit
+codes and reasons, time limits and cancellation over whole process trees (also children
+that ignore SIGTERM or leave the group), OOM detection, lost supervisors, and runs that
+outlive the process that started them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from jupyter_gpujobs.runners import LOST_REASON, Exit, LaunchRequest, LocalRunner
+
+PY = sys.executable
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> LocalRunner:
+    return LocalRunner(tmp_path / "run")
+
+
+def _req(tmp_path: Path, job_id: int, code: str | list[str], **kw: Any) -> LaunchRequest:
+    command = [PY, "-c", textwrap.dedent(code)] if isinstance(code, str) else code
+    fields: dict[str, Any] = {"cwd": str(tmp_path), "log_path": str(tmp_path / f"job-{job_id}.log"),
+                              "grace_s": 1, "time_limit_s": 60}
+    fields.update(kw)
+    return LaunchRequest(job_id=job_id, command=command, **fields)
+
+
+def _wait(runner: LocalRunner, job_id: int, handle: dict[str, Any], timeout: float = 15.0) -> Exit:
+    deadline = time.monotonic() + timeout
+    while True:
+        exits = runner.poll({job_id: handle})
+        if exits:
+            assert [e.job_id for e in exits] == [job_id]
+            return exits[0]
+        assert time.monotonic() < deadline, f"job {job_id} did not end"
+        time.sleep(0.02)
+
+
+def _wait_file(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    time.sleep(0.05)
+    return path.read_text()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ environment and log
+
+
+def test_job_sees_exactly_its_gpus(runner: LocalRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the server's own view must not leak
+    monkeypatch.setenv("GPUJOBS_FAKE_GPU_USE", "0")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    code = """
+        import json, os, sys
+        keys = ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUJOBS_JOB_ID",
+                "GPUJOBS_GPU_UUIDS", "GPUJOBS_TIME_LIMIT", "GPUJOBS_PREEMPT_GRACE", "GPUJOBS_FAKE",
+                "GPUJOBS_FAKE_GPU_USE", "PYTHONUNBUFFERED", "PYTHONPATH", "EXTRA"]
+        json.dump({k: os.environ.get(k) for k in keys} | {"cwd": os.getcwd()}, open(sys.argv[1], "w"))
+    """
+    out = tmp_path / "env.json"
+    req = _req(tmp_path, 7, [PY, "-c", textwrap.dedent(code), str(out)], gpu_indices=[1, 3],
+               gpu_uuids=["GPU-a", "GPU-b"], time_limit_s=1800, grace_s=30, fake=True,
+               env={"EXTRA": "yes", "CUDA_VISIBLE_DEVICES": "0"})
+    assert _wait(runner, 7, runner.start(req)).outcome == "completed"
+    env = json.loads(out.read_text())
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "1,3", "NVIDIA_VISIBLE_DEVICES": "1,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "GPUJOBS_JOB_ID": "7", "GPUJOBS_GPU_UUIDS": "GPU-a,GPU-b", "GPUJOBS_TIME_LIMIT": "1800",
+        "GPUJOBS_PREEMPT_GRACE": "30", "GPUJOBS_FAKE": "1", "GPUJOBS_FAKE_GPU_USE": None,
+        "PYTHONUNBUFFERED": "1", "PYTHONPATH": None, "EXTRA": "yes", "cwd": str(tmp_path),
+    }
+
+    out0 = tmp_path / "env0.json"
+    req0 = _req(tmp_path, 8, [PY, "-c", textwrap.dedent(code), str(out0)], gpu_indices=[], fake=False)
+    assert _wait(runner, 8, runner.start(req0)).outcome == "completed"
+    env0 = json.loads(out0.read_text())
+    assert env0["CUDA_VISIBLE_DEVICES"] == "" and env0["NVIDIA_VISIBLE_DEVICES"] == ""
+    assert env0["GPUJOBS_FAKE"] is None
+
+
+def test_log_is_written_while_running(runner: LocalRunner, tmp_path: Path) -> None:
+    code = """
+        import sys, time
+        print("first line")
+        print("to stderr", file=sys.stderr)
+        time.sleep(1.0)
+        print("last line")
+    """
+    req = _req(tmp_path, 1, code)
+    handle = runner.start(req)
+    log = Path(req.log_path)
+    text = _wait_file(log, timeout=5)
+    assert runner.poll({1: handle}) == [] and runner.alive(handle)
+    assert "first line" in text and "to stderr" in text and "last line" not in text
+    assert _wait(runner, 1, handle).outcome == "completed"
+    assert log.read_text().splitlines() == ["first line", "to stderr", "last line"]
+    assert not runner.alive(handle)
+
+
+@pytest.mark.parametrize(("code", "outcome", "exit_code", "sig", "reason"), [
+    ("pass", "completed", 0, None, "completed"),
+    ("import sys; sys.exit(3)", "failed", 3, None, "failed (exit code 3)"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "failed", None, 11, "killed by signal SIGSEGV"),
+])
+def test_exit_codes_and_reasons(runner: LocalRunner, tmp_path: Path, code: str, outcome: str,
+                                exit_code: int | None, sig: int | None, reason: str) -> None:
+    exit_ = _wait(runner, 2, runner.start(_req(tmp_path, 2, code)))
+    assert (exit_.outcome, exit_.exit_code, exit_.signal, exit_.reason) == (outcome, exit_code, sig, reason)
+    assert abs(exit_.ended_at - time.time()) < 10
+
+
+def test_missing_command_and_bad_cwd(runner: LocalRunner, tmp_path: Path) -> None:
+    exit_ = _wait(runner, 3, runner.start(_req(tmp_path, 3, ["no-such-program-xyz", "--flag"])))
+    assert (exit_.outcome, exit_.reason) == ("failed", "command not found: no-such-program-xyz")
+    assert "command not found: no-such-program-xyz" in (tmp_path / "job-3.log").read_text()
+    exit_ = _wait(runner, 4, runner.start(_req(tmp_path, 4, "pass", cwd=str(tmp_path / "missing"))))
+    assert exit_.outcome == "failed" and exit_.reason == f"working directory not found: {tmp_path / 'missing'}"
+
+
+def test_oom_is_detected_from_the_log(runner: LocalRunner, tmp_path: Path) -> None:
+    code = """
+        import sys
+        print("step 1")
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
+        sys.exit(1)
+    """
+    exit_ = _wait(runner, 5, runner.start(_req(tmp_path, 5, code)))
+    assert exit_.outcome == "oom" and exit_.exit_code == 1
+    assert "out of memory" in exit_.reason and "exit code 1" in exit_.reason
+    # the same words in the log of a successful run are not an OOM
+    exit_ = _wait(runner, 6, runner.start(_req(tmp_path, 6, "print('retrying after CUDA out of memory')")))
+    assert exit_.outcome == "completed"
+
+
+# ------------------------------------------------------------------ stopping process trees
+
+STUBBORN_TREE = """
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out = sys.argv[1]
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    # a child that leaves the process group and ignores SIGTERM
+    child = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+    # a daemon: its parent exits, so it is re-parented away from the job
+    if os.fork() == 0:
+        os.setsid()
+        d = subprocess.Popen([sys.executable, "-c", stubborn])
+        open(out + ".tmp", "w").write(str(d.pid))
+        os.rename(out + ".tmp", out + ".daemon")
+        os._exit(0)
+    while not os.path.exists(out + ".daemon"):
+        time.sleep(0.01)
+    open(out + ".tmp2", "w").write(f"{os.getpid()} {child.pid} {open(out + '.daemon').read()}")
+    os.rename(out + ".tmp2", out)
+    print("tree up", flush=True)
+    time.sleep(600)
+"""
+
+
+def _start_tree(runner: LocalRunner, tmp_path: Path, job_id: int, **kw: Any) -> tuple[dict[str, Any], list[int]]:
+    pids_file = tmp_path / f"pids-{job_id}"
+    req = _req(tmp_path, job_id, [PY, "-c", textwrap.dedent(STUBBORN_TREE), str(pids_file)], **kw)
+    handle = runner.start(req)
+    pids = [int(p) for p in _wait_file(pids_file).split()]
+    assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+    return handle, pids
+
+
+def test_time_limit_kills_the_whole_tree(runner: LocalRunner, tmp_path: Path) -> None:
+    handle, pids = _start_tree(runner, tmp_path, 10, time_limit_s=2, grace_s=0.5)
+    try:
+        t0 = time.monotonic()
+        exit_ = _wait(runner, 10, handle)
+        assert exit_.outcome == "timeout"
+        assert exit_.reason == "time limit of 2s reached"
+        assert exit_.signal == signal.SIGKILL  # it ignored SIGTERM
+        assert time.monotonic() - t0 < 5
+        assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    finally:
+        _kill_all(pids)
+
+
+@pytest.mark.parametrize("outcome", ["cancelled", "preempted"])
+def test_terminate_with_reason(runner: LocalRunner, tmp_path: Path, outcome: str) -> None:
+    handle, pids = _start_tree(runner, tmp_path, 11, grace_s=30)
+    try:
+        t0 = time.monotonic()
+        reason = "cancelled by alice" if outcome == "cancelled" else "preempted by job 42"
+        runner.terminate(11, handle, reason, outcome, grace_s=0.5)
+        assert time.monotonic() - t0 < 0.1  # non-blocking
+        exit_ = _wait(runner, 11, handle)
+        assert (exit_.outcome, exit_.reason) == (outcome, reason)
+        assert time.monotonic() - t0 < 4
+        assert all(_gone(p) for p in pids)
+    finally:
+        _kill_all(pids)
+
+
+def test_terminate_honours_sigterm_quickly(runner: LocalRunner, tmp_path: Path) -> None:
+    code = """
+        import signal, sys, time
+        def bye(*a):
+            print("saving checkpoint", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(600)
+    """
+    req = _req(tmp_path, 12, code)
+    handle = runner.start(req)
+    _wait_file(Path(req.log_path))
+    t0 = time.monotonic()
+    runner.terminate(12, handle, "cancelled by bob", "cancelled", grace_s=30)
+    exit_ = _wait(runner, 12, handle)
+    assert (exit_.outcome, exit_.reason, exit_.exit_code) == ("cancelled", "cancelled by bob", 0)
+    assert time.monotonic() - t0 < 1.5
+    assert "saving checkpoint" in Path(req.log_path).read_text()
+
+
+def test_cancel_right_after_start(runner: LocalRunner, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    req = _req(tmp_path, 13, [PY, "-c", f"import time; time.sleep(600); open({str(marker)!r}, 'w')"])
+    handle = runner.start(req)
+    runner.terminate(13, handle, "cancelled by carol", "cancelled", grace_s=0.5)
+    exit_ = _wait(runner, 13, handle)
+    assert (exit_.outcome, exit_.reason) == ("cancelled", "cancelled by carol")
+    assert not marker.exists()
+
+
+def test_processes_left_behind_are_stopped(runner: LocalRunner, tmp_path: Path) -> None:
+    pid_file = tmp_path / "bg.pid"
+    code = f"""
+        import subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        open({str(pid_file)!r}, "w").write(str(p.pid))
+    """
+    exit_ = _wait(runner, 14, runner.start(_req(tmp_path, 14, code)))
+    bg = int(pid_file.read_text())
+    try:
+        assert exit_.outcome == "completed"
+        assert _gone(bg)
+    finally:
+        _kill_all([bg])
+
+
+# ------------------------------------------------------------------ lost and surviving runs
+
+
+def test_vanished_supervisor_is_lost(runner: LocalRunner, tmp_path: Path) -> None:
+    req = _req(tmp_path, 20, "import time; print('up', flush=True); time.sleep(600)")
+    handle = runner.start(req)
+    _wait_file(Path(req.log_path))
+    shim = psutil.Process(handle["pid"])
+    job = shim.children()
+    assert len(job) == 1
+    for p in [shim, *job]:
+        p.kill()
+    exit_ = _wait(runner, 20, handle)
+    assert (exit_.outcome, exit_.reason) == ("lost", LOST_REASON)
+    assert not runner.alive(handle)
+
+
+def test_job_of_a_vanished_supervisor_is_not_left_running(runner: LocalRunner, tmp_path: Path) -> None:
+    req = _req(tmp_path, 21, "import time; print('up', flush=True); time.sleep(600)")
+    handle = runner.start(req)
+    _wait_file(Path(req.log_path))
+    job = psutil.Process(handle["pid"]).children()[0]
+    os.kill(handle["pid"], signal.SIGKILL)
+    try:
+        assert _wait(runner, 21, handle).outcome == "lost"
+        job.wait(timeout=5)  # killed by the runner, so its GPU is really free
+    finally:
+        _kill_all([job.pid])
+
+
+def test_recycled_pid_is_not_taken_for_the_shim(runner: LocalRunner, tmp_path: Path) -> None:
+    handle = runner.start(_req(tmp_path, 22, "pass"))
+    _wait(runner, 22, handle)
+    me = {**handle, "pid": os.getpid()}  # a live process, but not the one started
+    assert not LocalRunner(tmp_path / "run").alive(me)
+
+
+SURVIVOR = """
+    import json, sys
+    from pathlib import Path
+    from jupyter_gpujobs.runners import LaunchRequest, LocalRunner
+    state, log = sys.argv[1], sys.argv[2]
+    code = "import time\\nfor i in range(4):\\n    print('line', i)\\n    time.sleep(0.3)\\n"
+    handle = LocalRunner(Path(state)).start(LaunchRequest(
+        job_id=30, command=[sys.executable, "-c", code], cwd=state, log_path=log, time_limit_s=60, grace_s=1))
+    print(json.dumps(handle))
+"""
+
+
+def test_job_survives_the_process_that_started_it(tmp_path: Path) -> None:
+    log = tmp_path / "job-30.log"
+    done = subprocess.run([PY, "-c", textwrap.dedent(SURVIVOR), str(tmp_path / "run"), str(log)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    handle = json.loads(done.stdout)
+    runner = LocalRunner(tmp_path / "run")  # a new "server" reattaches from the stored handle
+    assert runner.alive(handle)
+    assert runner.poll({30: handle}) == []
+    exit_ = _wait(runner, 30, handle)
+    assert exit_.outcome == "completed"
+    assert log.read_text().splitlines() == [f"line {i}" for i in range(4)]
+
+
+# ------------------------------------------------------------------ costs
+
+
+def test_start_is_fast_and_poll_is_cheap(runner: LocalRunner, tmp_path: Path) -> None:
+    handles: dict[int, dict[str, Any]] = {}
+    starts = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        handles[100 + i] = runner.start(_req(tmp_path, 100 + i, ["sleep", "30"]))
+        starts.append(time.perf_counter() - t0)
+    try:
+        starts.sort()
+        assert starts[len(starts) // 2] < 0.1, starts  # median seconds per start() (~5 ms when idle)
+        runner.poll(handles)
+        polls = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            assert runner.poll(handles) == []
+            polls.append(time.perf_counter() - t0)
+        polls.sort()
+        assert polls[len(polls) // 2] < 0.01, polls  # 20 running jobs
+    finally:
+        for job_id, handle in handles.items():
+            runner.terminate(job_id, handle, "test over", "cancelled", grace_s=0.2)
+        deadline = time.monotonic() + 15
+        while handles and time.monotonic() < deadline:
+            for exit_ in runner.poll(handles):
+                handles.pop(exit_.job_id)
+            time.sleep(0.05)
+        assert not handles
+
+
+def test_dispatch_latency(runner: LocalRunner, tmp_path: Path) -> None:
+    """From start() to the job's own code running."""
+    marker = tmp_path / "t"
+    code = f"import time; open({str(marker)!r}, 'w').write(repr(time.time()))"
+    times = []
+    for i in range(5):
+        marker.unlink(missing_ok=True)
+        t0 = time.time()
+        handle = runner.start(_req(tmp_path, 200 + i, [PY, "-S", "-c", code]))
+        _wait(runner, 200 + i, handle)
+        times.append(float(marker.read_text()) - t0)
+    times.sort()
+    assert times[len(times) // 2] < 0.5, times
