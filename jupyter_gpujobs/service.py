@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal as signal_module
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -118,7 +116,9 @@ class JobService:
     # ================================================================= life cycle
 
     async def start(self) -> None:
-        """Reattach to what survived a restart, then run the engine loops."""
+        """Reattach to what survived a restart, then run the engine loops (once)."""
+        if self._tasks:
+            return
         self.refresh_inventory(force=True)
         self.reconcile()
         self._wake = asyncio.Event()
@@ -153,6 +153,9 @@ class JobService:
                                           "no supervisor was recorded for this job", self.clock()))
                 continue
             self._handles[job.id] = handle
+        for job in running:
+            if any(e["state"] == "WARNING" for e in self.store.events(job_id=job.id)):
+                self._warned.add(job.id)
         # results written while the server was down, and supervisors that vanished
         for exit_ in self.runner.poll(dict(self._handles)):
             self._finish(exit_.job_id, exit_)
@@ -529,7 +532,8 @@ class JobService:
             if not job.started_at or not job.time_limit_s:
                 continue
             end = job.started_at + job.time_limit_s
-            if job.id not in self._warned and now >= end - self.time_limit_warning_s and now < end:
+            warn_before = min(self.time_limit_warning_s, job.time_limit_s // 5)
+            if job.id not in self._warned and now >= end - warn_before and now < end:
                 self._warned.add(job.id)
                 left = format_duration(end - now)
                 self.store.add_event(job.id, "WARNING", "engine", f"time limit in {left}", now,
@@ -588,8 +592,4 @@ class JobService:
                                 "reason": reason})
 
 
-def python_executable() -> str:
-    return sys.executable
-
-
-__all__ = ["JobService", "NotFound", "PermissionDenied", "EXTERNAL_KINDS", "signal_module"]
+__all__ = ["JobService", "NotFound", "PermissionDenied", "EXTERNAL_KINDS"]

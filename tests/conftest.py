@@ -51,7 +51,19 @@ def jp_server_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(jp_fetch: Callable[..., Any]) -> Callable[..., Any]:
+def engine(jp_serverapp: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
+    """The JobService of the in-process server, started (pytest-jupyter does not run the
+    extensions' async start hooks) and stopped around the test."""
+    service = jp_serverapp.web_app.settings["gpujobs_service"]
+    jp_asyncio_loop.run_until_complete(service.start())
+    yield service
+    jp_asyncio_loop.run_until_complete(service.stop())
+    run_dir = service.state_dir / "run"
+    subprocess.run(["pkill", "-KILL", "-f", str(run_dir)], check=False)
+
+
+@pytest.fixture
+def api(jp_fetch: Callable[..., Any], engine: Any) -> Callable[..., Any]:
     """`await api("GET", "jobs", body=...)` -> (status, JSON) without raising on 4xx."""
     from tornado.httpclient import HTTPClientError
 

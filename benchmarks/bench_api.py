@@ -1,0 +1,116 @@
+"""REST submit throughput and dispatch latency against a live server with fake GPUs.
+
+    .venv/bin/python benchmarks/bench_api.py [--submits 2000] [--rounds 3] [--dispatches 15]
+
+Prints medians, and ratios against baselines measured in the same run on the same server
+(these machines are noisy): submissions/s against authenticated `GET whoami` requests/s, and
+dispatch latency against the time to spawn the same tiny process directly.
+
+- throughput: N `POST jobs` from 16 concurrent connections; the jobs are deferred (`begin: +1d`)
+  so the queue grows as in a burst of real submissions, and each scheduling cycle sees them.
+- dispatch latency: on one GPU, job A ends; the time from A's last instruction to job B's first
+  (both `sh -c 'date +%s.%N'`), i.e. exit noticed + cycle + supervisor start + exec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import LiveServer, free_port  # noqa: E402
+
+
+def start_server(tmp: Path, fake: str) -> LiveServer:
+    root, state, home = tmp / "root", tmp / "state", tmp / "home"
+    for d in (root, state, home):
+        d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "c"), "JUPYTER_DATA_DIR": str(home / "d"),
+           "JUPYTER_RUNTIME_DIR": str(home / "r"), "GPUJOBS_FAKE_GPUS": fake}
+    args = ["--no-browser", "--ip=127.0.0.1", f"--port={port}", "--IdentityProvider.token=bench",
+            f"--ServerApp.root_dir={root}", "--ServerApp.jpserver_extensions=jupyter_gpujobs=True",
+            f"--GPUJobs.state_dir={state}", "--allow-root", "--ServerApp.log_level=WARN"]
+    return LiveServer(root=root, state_dir=state, port=port, token="bench", base_url="/", env=env,
+                      args=args).start()
+
+
+async def rate(url: str, n: int, method: str, body: dict | None, concurrency: int = 16) -> float:
+    headers = {"Authorization": "token bench"}
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60) as http:
+        counter = iter(range(n))
+
+        async def worker() -> None:
+            for _ in counter:
+                r = await http.request(method, url, json=body)
+                assert r.status_code < 300, r.text
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - t0)
+
+
+def throughput(server: LiveServer, n: int, rounds: int) -> None:
+    api = server.url + "gpujobs/api/"
+    submit = {"command": ["true"], "gpus": 1, "begin": "+1d", "time_limit": "1m"}
+    subs, gets = [], []
+    for r in range(rounds):
+        gets.append(asyncio.run(rate(api + "whoami", n, "GET", None)))
+        subs.append(asyncio.run(rate(api + "jobs", n, "POST", submit)))
+        print(f"  round {r + 1}/{rounds}: {subs[-1]:.0f} submissions/s, baseline {gets[-1]:.0f} GET whoami/s",
+              flush=True)
+    s, g = statistics.median(subs), statistics.median(gets)
+    print(f"REST submit throughput: median {s:.0f} jobs/s (target >= 1000); "
+          f"baseline GET whoami {g:.0f} req/s; ratio {s / g:.2f}")
+
+
+def dispatch(server: LiveServer, runs: int, tmp: Path) -> None:
+    client = server.client()
+    lat, spawn = [], []
+    for i in range(runs):
+        a_end, b_start = tmp / f"a{i}", tmp / f"b{i}"
+        a = client.submit(["sh", "-c", f"sleep 0.3; date +%s.%N > {a_end}"], gpus=1, time_limit=60)
+        b = client.submit(["sh", "-c", f"date +%s.%N > {b_start}"], gpus=1, time_limit=60)
+        client.wait(b["id"], timeout=30)
+        client.wait(a["id"], timeout=30)
+        lat.append(float(b_start.read_text()) - float(a_end.read_text()))
+        t0 = time.time()
+        out = subprocess.run(["sh", "-c", "date +%s.%N"], capture_output=True, text=True).stdout
+        spawn.append(float(out) - t0)
+    m, base = statistics.median(lat), statistics.median(spawn)
+    print(f"dispatch latency: median {m * 1000:.1f} ms (p90 {sorted(lat)[int(0.9 * (len(lat) - 1))] * 1000:.1f} ms,"
+          f" target <= 100 ms); baseline direct spawn {base * 1000:.1f} ms; ratio {m / base:.1f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--submits", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dispatches", type=int, default=15)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        server = start_server(tmp / "s1", "1xA100")
+        try:
+            dispatch(server, args.dispatches, tmp)
+        finally:
+            server.stop()
+        server = start_server(tmp / "s2", "8xA100")
+        try:
+            throughput(server, args.submits, args.rounds)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""A test identity provider: each token is a named user, as under JupyterHub.
+
+`--ServerApp.identity_provider_class=identity.TokenUsers --TokenUsers.users={"tok-a": "alice"}`
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_server.auth.identity import IdentityProvider, User
+from traitlets import Dict
+
+
+class TokenUsers(IdentityProvider):
+    users = Dict(config=True, help="token -> user name")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return True
+
+    def get_user(self, handler: Any) -> User | None:
+        token = self.get_token(handler)
+        name = self.users.get(token or "")
+        return User(username=name, name=name, display_name=name) if name else None

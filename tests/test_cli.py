@@ -1,0 +1,88 @@
+"""`jupyter gpujobs ...` against a live server: tables, JSON, following logs, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+PY = sys.executable
+
+
+def test_cli_round_trip(live_server: Any) -> None:
+    server = live_server(fake_gpus="2xA100")
+    gpus = server.cli("gpus")
+    assert gpus.returncode == 0, gpus.stderr
+    assert gpus.stdout.splitlines()[0].split() == ["GPU", "MODEL", "UTIL", "MEMORY", "HELD", "BY"]
+    assert gpus.stdout.count("A100") == 2 and gpus.stdout.count("free") == 2
+
+    out = server.cli("submit", "-g", "2", "-t", "30s", "--name", "big", "--json", "--",
+                     PY, "-c", "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(2)")
+    assert out.returncode == 0, out.stderr
+    big = json.loads(out.stdout)
+    assert big["name"] == "big" and big["gpus"] == 2 and big["time_limit_s"] == 30
+
+    out = server.cli("submit", "-g", "1", "--name", "small", "--", PY, "-c", "print('small')")
+    assert out.returncode == 0 and out.stdout.startswith("job ")
+    small_id = int(out.stdout.split()[1])
+
+    time.sleep(0.5)
+    queue = server.cli("queue")
+    assert "small" in queue.stdout and "waiting for" in queue.stdout, queue.stdout
+
+    follow = server.cli("log", "-f", str(big["id"]))
+    assert follow.returncode == 0
+    assert follow.stdout.strip() == "0,1"
+
+    show = server.cli("show", str(big["id"]))
+    assert "COMPLETED" in show.stdout and "RUNNING" in show.stdout and "PENDING" in show.stdout
+
+    listing = server.cli("list")
+    assert "big" in listing.stdout and "small" in listing.stdout
+
+    deadline = time.monotonic() + 10
+    while "COMPLETED" not in server.cli("show", str(small_id)).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert server.cli("log", str(small_id)).stdout == "small\n"
+
+    long = server.cli("submit", "--", PY, "-c", "import time; time.sleep(60)")
+    long_id = long.stdout.split()[1]
+    cancel = server.cli("cancel", long_id)
+    assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout
+
+
+def test_cli_errors_are_one_line(live_server: Any) -> None:
+    server = live_server(fake_gpus="2xA100")
+    cases = [
+        (["submit", "-g", "-1", "--", "x"], 1, "gpus"),
+        (["submit", "-g", "1.5", "--", "x"], 2, "--gpus"),
+        (["submit", "-t", "soon", "--", "x"], 1, "time_limit"),
+        (["submit", "--type", "H100", "--", "x"], 1, "no H100"),
+        (["submit", "-g", "1"], 2, "give the command after --"),
+        (["show", "999"], 1, "no job 999"),
+        (["cancel", "999"], 1, "no job 999"),
+        (["frobnicate"], 2, "invalid choice"),
+    ]
+    for args, code, words in cases:
+        r = server.cli(*args)
+        assert r.returncode == code, (args, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert words in r.stderr, (args, r.stderr)
+    assert json.loads(server.cli("list", "--all", "--json").stdout) == []
+
+
+def test_cli_finds_the_running_server(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xT4")
+    env = dict(server.env)
+    r = subprocess.run([PY, "-m", "jupyter_gpujobs.cli", "gpus"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "T4" in r.stdout
+    env["JUPYTER_RUNTIME_DIR"] = os.path.join(str(server.root), "empty-runtime")
+    r = subprocess.run([PY, "-m", "jupyter_gpujobs.cli", "gpus"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "no running Jupyter server" in r.stderr

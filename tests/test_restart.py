@@ -1,0 +1,87 @@
+"""A job survives a SIGKILLed server: the next server on the same database reattaches to it,
+records its end and full log, and never hands its GPU to another job meanwhile."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+PY = sys.executable
+
+
+def _wait(client: Any, job_id: int, states: tuple[str, ...], timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.job(job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} stayed {job['state']}"
+        time.sleep(0.1)
+
+
+def test_job_survives_server_sigkill(live_server: Any, tmp_path: Any) -> None:
+    server = live_server(fake_gpus="2xA100")
+    client = server.client()
+    release = tmp_path / "release"
+    code = (
+        "import os, time\ni = 0\n"
+        f"while not os.path.exists({str(release)!r}):\n"
+        "    print('line', i, flush=True)\n    i += 1\n    time.sleep(0.2)\n"
+        "print('done', flush=True)\n"
+    )
+    job = client.submit([PY, "-c", code], gpus=1, time_limit="5m")
+    running = _wait(client, job["id"], ("RUNNING",))
+    held = running["assigned_gpus"]
+    time.sleep(0.6)
+
+    server.kill()
+    time.sleep(0.5)
+    server.start()
+    client = server.client()
+
+    again = client.job(job["id"])
+    assert again["state"] == "RUNNING", again
+    assert again["assigned_gpus"] == held
+
+    # while it runs, its GPU is not handed out again
+    others = [client.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1) for _ in range(2)]
+    time.sleep(1.0)
+    states = {o["id"]: client.job(o["id"]) for o in others}
+    running_others = [j for j in states.values() if j["state"] == "RUNNING"]
+    assert len(running_others) == 1
+    assert running_others[0]["assigned_gpus"] != held
+
+    release.write_text("go")
+    final = _wait(client, job["id"], ("COMPLETED", "FAILED", "LOST"))
+    assert final["state"] == "COMPLETED", final
+    lines = client.log(job["id"])["data"].splitlines()
+    assert lines[-1] == "done"
+    assert lines[:-1] == [f"line {i}" for i in range(len(lines) - 1)], "the whole log, nothing lost"
+    assert len(lines) > 10
+    events = [e["state"] for e in client.events(job["id"]) if e["state"] in ("PENDING", "RUNNING", "COMPLETED")]
+    assert events == ["PENDING", "RUNNING", "COMPLETED"]
+
+
+def test_vanished_supervisor_is_lost(live_server: Any) -> None:
+    import psutil
+
+    server = live_server(fake_gpus="1xA100")
+    client = server.client()
+    job = client.submit([PY, "-c", "import time; time.sleep(60)"], gpus=1)
+    _wait(client, job["id"], ("RUNNING",))
+    server.kill()
+    # the machine "reboots": every process of the job is gone
+    run_dir = str(server.state_dir / "run")
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if run_dir in cmd or "time.sleep(60)" in cmd:
+            p.kill()
+    time.sleep(0.3)
+    server.start()
+    client = server.client()
+    lost = client.job(job["id"])
+    assert lost["state"] == "LOST"
+    assert "vanished" in lost["reason"] or "supervisor" in lost["reason"]
+    nxt = client.submit([PY, "-c", "pass"], gpus=1)
+    assert _wait(client, nxt["id"], ("COMPLETED",))["assigned_gpus"] == [0]
