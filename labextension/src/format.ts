@@ -40,6 +40,24 @@ export function formatStart(epoch: number | null | undefined, now: number): stri
   return `in ${formatDuration(delta)}`;
 }
 
+/** Coarse: "in 4m", "in 1h 05m", "now" (for narrow tables). */
+export function formatStartShort(epoch: number | null | undefined, now: number): string {
+  if (epoch === null || epoch === undefined) {
+    return '?';
+  }
+  const delta = epoch - now;
+  if (delta <= 1) {
+    return 'now';
+  }
+  if (delta < 60) {
+    return `${Math.round(delta)}s`;
+  }
+  if (delta < 3600) {
+    return `${Math.round(delta / 60)}m`;
+  }
+  return formatDuration(Math.round(delta / 60) * 60);
+}
+
 export function formatAgo(epoch: number | null | undefined, now: number): string {
   if (!epoch) {
     return '';

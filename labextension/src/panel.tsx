@@ -12,6 +12,7 @@ import {
   formatDuration,
   formatGiB,
   formatStart,
+  formatStartShort,
   gpuRequest,
   jobLabel,
   nowSeconds,
@@ -191,8 +192,9 @@ function GPUList(props: {
   );
 }
 
+/** How close a job is to its time limit: calm, getting there, about to be stopped. */
 function level(fraction: number): string {
-  return fraction >= 0.9 ? 'high' : fraction >= 0.6 ? 'mid' : 'low';
+  return fraction >= 0.95 ? 'high' : fraction >= 0.8 ? 'mid' : 'low';
 }
 
 function GPUCard(props: {
@@ -228,7 +230,7 @@ function GPUCard(props: {
           title={`memory: ${g.memory_used_mb} of ${g.memory_total_mb} MiB`}
         >
           <div
-            className={`jp-GPUJobs-barFill jp-mod-${level(memFraction)}`}
+            className={`jp-GPUJobs-barFill ${memFraction >= 0.9 ? 'jp-mod-mid' : ''}`}
             style={{ width: `${(memFraction * 100).toFixed(1)}%` }}
           />
         </div>
@@ -242,8 +244,8 @@ function GPUCard(props: {
             <span className="jp-GPUJobs-tag jp-mod-warn">draining</span>
           ) : null}
           {g.job_id !== null ? (
-            <span className="jp-GPUJobs-holderJob">
-              job #{g.job_id} · {g.user}
+            <span className="jp-GPUJobs-holderJob" title={`held by job #${g.job_id} of ${g.user}`}>
+              job #{g.job_id} · {props.mine ? 'you' : g.user}
             </span>
           ) : (
             <span className="jp-GPUJobs-tag jp-mod-free">free</span>
@@ -263,7 +265,7 @@ export function Gauge(props: { value: number }): React.ReactElement {
   const v = Math.max(0, Math.min(100, props.value));
   return (
     <svg
-      className={`jp-GPUJobs-gauge jp-mod-${level(v / 100)}`}
+      className="jp-GPUJobs-gauge"
       viewBox="0 0 48 48"
       width="52"
       height="52"
@@ -278,14 +280,14 @@ export function Gauge(props: { value: number }): React.ReactElement {
         strokeDasharray={`${ARC} ${C}`}
         transform="rotate(135 24 24)"
       />
-      <circle
+      {v > 0.5 && <circle
         className="jp-GPUJobs-gaugeValue"
         cx="24"
         cy="24"
         r={R}
         strokeDasharray={`${(ARC * v) / 100} ${C}`}
         transform="rotate(135 24 24)"
-      />
+      />}
       <text className="jp-GPUJobs-gaugeText" x="24" y="27" textAnchor="middle">
         {Math.round(v)}%
       </text>
@@ -341,10 +343,14 @@ function JobRow(props: {
         <span className={`jp-GPUJobs-state jp-mod-${job.state.toLowerCase()}`}>
           {stateLabel(job.state)}
         </span>
-        <span className="jp-GPUJobs-jobName" title={commandText(job)}>
-          <span className="jp-GPUJobs-jobId">#{job.id}</span> {jobLabel(job)}
+        <span className="jp-GPUJobs-jobName" title={`${jobLabel(job)}: ${commandText(job)}`}>
+          {jobLabel(job)}
         </span>
-        <span className="jp-GPUJobs-jobGpus">{gpuRequest(job)}</span>
+        <span className="jp-GPUJobs-jobId">#{job.id}</span>
+      </div>
+      <div className="jp-GPUJobs-jobMeta">
+        {gpuRequest(job)} · {job.kind}
+        {job.priority && job.priority !== 'normal' ? ` · ${job.priority}` : ''}
       </div>
       {job.state === 'RUNNING' && <Elapsed job={job} now={now} />}
       {job.state === 'PENDING' && (
@@ -359,7 +365,9 @@ function JobRow(props: {
       {final && (
         <div className="jp-GPUJobs-jobDetail">
           <span className="jp-GPUJobs-reason">
-            {endReason(job)}
+            {job.state === 'COMPLETED' && job.exit_code === 0
+              ? 'done'
+              : endReason(job) || stateLabel(job.state)}
             {job.ended_at ? ` · ${formatAgo(job.ended_at, now)}` : ''}
             {job.started_at && job.ended_at
               ? ` · ran ${formatDuration(job.ended_at - job.started_at)}`
@@ -465,7 +473,7 @@ function Queue(props: {
           <th>#</th>
           <th>Owner</th>
           <th>GPUs</th>
-          <th>Starts</th>
+          <th className="jp-GPUJobs-starts">Starts</th>
         </tr>
       </thead>
       <tbody>
@@ -486,7 +494,9 @@ function Queue(props: {
                 </span>
               )}
             </td>
-            <td>{formatStart(job.expected_start, props.now)}</td>
+            <td className="jp-GPUJobs-starts" title={formatStart(job.expected_start, props.now)}>
+              {formatStartShort(job.expected_start, props.now)}
+            </td>
           </tr>
         ))}
       </tbody>
