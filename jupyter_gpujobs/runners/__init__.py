@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import LOST_REASON, OUTCOMES, Exit, LaunchRequest, Outcome, Runner, StopOutcome
-
 if TYPE_CHECKING:
+    from .base import LOST_REASON, OUTCOMES, Exit, LaunchRequest, Outcome, Runner, StopOutcome
     from .local import LocalRunner
+
+_LAZY = {"LocalRunner": "local", "LOST_REASON": "base", "OUTCOMES": "base", "Exit": "base",
+         "LaunchRequest": "base", "Outcome": "base", "Runner": "base", "StopOutcome": "base"}
 
 
 def __getattr__(name: str) -> Any:
-    # LocalRunner imports psutil; load it only when asked so the shim starts fast
-    if name == "LocalRunner":
-        from .local import LocalRunner
+    # loaded on first use: `python -m jupyter_gpujobs.runners.shim` imports this package, and
+    # every millisecond of its start-up is on the dispatch path
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return LocalRunner
-    raise AttributeError(name)
+    return getattr(import_module(f"{__name__}.{module}"), name)
 
 
 __all__ = ["LOST_REASON", "OUTCOMES", "Exit", "LaunchRequest", "LocalRunner", "Outcome", "Runner", "StopOutcome"]

@@ -29,6 +29,7 @@ from .base import LOST_REASON, Exit, LaunchRequest, Runner, StopOutcome
 from .shim import read_json, write_json_atomic
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
 
 
 class LocalRunner(Runner):
@@ -64,10 +65,12 @@ class LocalRunner(Runner):
         })
         shim_env = dict(os.environ)
         # the shim must import this package whatever the cwd; the job gets PYTHONPATH back as it was
-        shim_env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, pythonpath) if p)
+        shim_env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, _PSUTIL_PARENT, pythonpath) if p)
         with open(job_dir / "shim.log", "wb") as shim_log:
             proc = subprocess.Popen(
-                [self.python, "-m", "jupyter_gpujobs.runners.shim", str(job_dir)],
+                # -S: no site-packages scan and .pth hooks at start-up (tens of ms); the two
+                # directories the shim needs are on PYTHONPATH
+                [self.python, "-S", "-m", "jupyter_gpujobs.runners.shim", str(job_dir)],
                 cwd=str(job_dir), env=shim_env, stdin=subprocess.DEVNULL, stdout=shim_log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )

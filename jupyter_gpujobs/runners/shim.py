@@ -26,7 +26,6 @@ import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -128,6 +127,61 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
     if spec.get("fake"):
         env["GPUJOBS_FAKE"] = "1"
     return env
+
+
+def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int) -> int:
+    """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
+    stderr into `log_fd`; the child's exec error is raised here (FileNotFoundError, ...).
+
+    Done by hand rather than with `subprocess`, whose import alone costs the dispatch path
+    several milliseconds."""
+    err_r, err_w = os.pipe()  # close-on-exec: EOF on success, the errno on failure
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the child: only async-signal-safe-ish calls until exec
+        try:
+            os.setpgid(0, 0)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT,
+                        signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            if cwd:
+                os.chdir(cwd)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.execvpe(command[0], command, env)
+        except OSError as err:
+            os.write(err_w, str(err.errno or 0).encode())
+        except BaseException:
+            os.write(err_w, b"0")
+        os._exit(127)
+    os.close(err_w)
+    os.close(devnull)
+    try:
+        data = b""
+        while True:
+            try:
+                chunk = os.read(err_r, 64)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(err_r)
+    if data:
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+        errno = int(data)
+        raise OSError(errno, os.strerror(errno))  # ENOENT -> FileNotFoundError, EACCES -> PermissionError
+    return pid
 
 
 class Shim:
@@ -297,11 +351,8 @@ class Shim:
 
         env = job_environment(spec, dict(os.environ))
         self.subreaper = _become_subreaper()
-        group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
-                                 else {"preexec_fn": os.setpgrp})
         try:
-            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
-                                    stderr=subprocess.STDOUT, close_fds=True, **group)
+            pid = spawn(command, cwd, env, log_fd)
         except FileNotFoundError:
             return self.fail_to_start(spec, f"command not found: {command[0]}", log_fd)
         except PermissionError:
@@ -309,12 +360,10 @@ class Shim:
         except OSError as err:
             return self.fail_to_start(spec, f"could not start {command[0]}: {err.strerror or err}", log_fd)
         os.close(log_fd)
-        # the shim reaps with waitpid(-1); keep Popen from reaping (or warning) on its own
-        proc.returncode = 0
-        self.child_pid = proc.pid
+        self.child_pid = pid
         started_mono = time.monotonic()
         started_at = time.time()
-        write_json_atomic(self.state_path, {"pid": proc.pid, "pgid": proc.pid, "started_at": started_at,
+        write_json_atomic(self.state_path, {"pid": pid, "pgid": pid, "started_at": started_at,
                                             "shim_pid": os.getpid()})
 
         limit = spec.get("time_limit_s")
