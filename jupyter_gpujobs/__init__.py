@@ -4,14 +4,13 @@ This module holds the entry points Jupyter looks for: the server extension, the 
 labextension and the IPython extension (`%load_ext jupyter_gpujobs`).
 """
 
-from __future__ import annotations
 
-from typing import Any
+# No imports here, not even typing: every job's supervisor imports this package on start-up.
 
 __version__ = "0.1.0"
 
 
-def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+def _jupyter_server_extension_points() -> list[dict[str, object]]:
     from .server.app import GPUJobsApp
 
     return [{"module": "jupyter_gpujobs.server.app", "app": GPUJobsApp}]
@@ -21,7 +20,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "jupyter-gpujobs"}]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: object) -> None:
     from .magics import load_ipython_extension as load
 
     load(ipython)
