@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,13 @@ def test_parameters_go_after_the_parameters_cell_or_first(tmp_path: Path) -> Non
 # ----------------------------------------------------------------------------- notebook jobs
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from test_magics import shared_server
+
+    yield from shared_server(tmp_path_factory, "1xA100")
+
+
 def _outputs_text(cell: Any) -> str:
     parts = []
     for o in cell.get("outputs", []):
@@ -130,8 +138,7 @@ def _outputs_text(cell: Any) -> str:
     return "".join(parts)
 
 
-def test_notebook_job_writes_executed_notebook_with_parameters(live_server: Any) -> None:
-    server = live_server(fake_gpus="1xA100")
+def test_notebook_job_writes_executed_notebook_with_parameters(server: Any) -> None:
     param_notebook(server.root / "exp" / "train.ipynb")
     with server.client() as client:
         job = client.submit_notebook("exp/train.ipynb", parameters={"alpha": 0.5, "epochs": 3, "name": "r1"},
@@ -154,8 +161,7 @@ def test_notebook_job_writes_executed_notebook_with_parameters(live_server: Any)
     assert nb.metadata.gpujobs.job_id == str(job["id"])
 
 
-def test_failing_notebook_job_output_shows_the_error_cell(live_server: Any) -> None:
-    server = live_server(fake_gpus="1xA100")
+def test_failing_notebook_job_output_shows_the_error_cell(server: Any) -> None:
     param_notebook(server.root / "train.ipynb", fail=True)
     (server.root / "out").mkdir()
     cli = server.cli("run-notebook", str(server.root / "train.ipynb"), "-g", "1", "-t", "5m",
@@ -177,12 +183,11 @@ def test_failing_notebook_job_output_shows_the_error_cell(live_server: Any) -> N
     assert "alpha = 7" in nb.cells[3].source  # the injected cell (after the note)
 
 
-def test_rest_rejects_a_bad_notebook_payload(live_server: Any) -> None:
+def test_rest_rejects_a_bad_notebook_payload(server: Any) -> None:
     from jupyter_gpujobs.client import GPUJobsError
 
-    server = live_server(fake_gpus="1xA100")
     with server.client() as client:
         with pytest.raises(GPUJobsError) as err:
             client.submit_notebook("nope.ipynb")
         assert err.value.status == 400 and err.value.field == "payload.notebook"
-        assert client.jobs()["jobs"] == []
+        assert "no such notebook" in err.value.message

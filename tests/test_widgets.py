@@ -6,14 +6,26 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ipywidgets as W
 import pytest
+from test_magics import cancel_active, shared_server
 
 from jupyter_gpujobs.magics import GPUJobFailed
 from jupyter_gpujobs.widgets import JobWidget, QueueWidget, QuotaWidget, job
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from shared_server(tmp_path_factory, "2xA100")
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(server: Any) -> Iterator[None]:
+    yield
+    cancel_active(server)
 
 
 def until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:
@@ -31,11 +43,10 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_job_widget_follows_a_job_and_cancels_through_its_button(live_server: Any) -> None:
-    server = live_server(fake_gpus="1xA100")
+def test_job_widget_follows_a_job_and_cancels_through_its_button(server: Any) -> None:
     client = server.client()
     running = client.submit(py("import time\nprint('hello from the job', flush=True)\ntime.sleep(30)"),
-                            gpus=1, time_limit="2m", name="sleeper")
+                            gpus=2, time_limit="2m", name="sleeper")
     waiting = client.submit(py("print('second')"), gpus=1, time_limit="1m", name="second")
     first = JobWidget(running["id"], client=client, autostart=False)
     second = job(waiting["id"], client=client, autostart=False)
@@ -45,7 +56,7 @@ def test_job_widget_follows_a_job_and_cancels_through_its_button(live_server: An
         assert first.progress.max == 120.0 and 0 <= first.progress.value <= 120
         assert first.progress.description.endswith("of 2m")
         assert "hello from the job" in first.log_view.value
-        assert "RUNNING on GPU 0" in first.status.value
+        assert "RUNNING on GPU 0,1" in first.status.value
         assert not first.cancel_button.disabled
 
         second.refresh()
@@ -72,8 +83,7 @@ def test_job_widget_follows_a_job_and_cancels_through_its_button(live_server: An
         client.close()
 
 
-def test_background_polling_updates_and_close_stops_it(live_server: Any) -> None:
-    server = live_server(fake_gpus="1xA100")
+def test_background_polling_updates_and_close_stops_it(server: Any) -> None:
     client = server.client()
     submitted = client.submit(py("import time; time.sleep(1); print('done')"), gpus=1, time_limit="1m")
     widget = JobWidget(submitted["id"], client=client, interval=0.1)
@@ -92,8 +102,7 @@ def test_background_polling_updates_and_close_stops_it(live_server: Any) -> None
     client.close()
 
 
-def test_quota_widget_matches_get_quota(live_server: Any) -> None:
-    server = live_server(fake_gpus="2xA100")
+def test_quota_widget_matches_get_quota(server: Any) -> None:
     client = server.client()
     widget = QuotaWidget(client=client, autostart=False)
     try:
@@ -127,13 +136,11 @@ def test_quota_widget_matches_get_quota(live_server: Any) -> None:
         client.close()
 
 
-def test_async_magic_widget_result_pulls_into_the_namespace(live_server: Any, monkeypatch: Any,
-                                                           tmp_path: Any) -> None:
+def test_async_magic_widget_result_pulls_into_the_namespace(server: Any, monkeypatch: Any) -> None:
     """`%%gpujob --async` in an IPython shell of this process: the widget's result() brings the
     pulled variables back."""
     from IPython.testing.globalipapp import get_ipython
 
-    server = live_server(fake_gpus="1xA100")
     monkeypatch.setenv("GPUJOBS_URL", server.url)
     monkeypatch.setenv("GPUJOBS_TOKEN", server.token)
     monkeypatch.chdir(server.root)
