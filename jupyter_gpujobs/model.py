@@ -365,6 +365,9 @@ class Policy:
     utc_offset_s: int = 0  # local time of the off-peak windows = UTC + offset
     # runtime prediction: use predicted runtimes (when present on the job) for backfill
     use_predictions: bool = False
+    # scheduler knobs added with the scheduler package (see docs/scheduling.md)
+    strict_classes: bool = True  # a higher class always goes first; False: class is one weighted factor
+    fairshare_default_share: float = 1.0  # share of users/groups not in user_shares/group_shares
 
 
 @dataclass(frozen=True)

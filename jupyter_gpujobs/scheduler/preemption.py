@@ -1,0 +1,54 @@
+"""Preemption: which running jobs give their GPUs back to a job that has the right to them.
+
+A job within its guarantee (user or group) or an `urgent` job that cannot start may reclaim
+GPUs from running jobs that are borrowed (beyond their own guarantee) or that are preemptible
+and of a lower class. A job that is neither preemptible nor borrowed is never a victim. The
+victims are chosen on one pool (one host, one model) so as to lose the least work: least
+elapsed run time x GPUs first, and the pool that loses the least in total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import PRIORITY_RANK, Job
+
+
+def may_preempt(victim: Job, preemptor: Job, urgent: bool) -> bool:
+    if victim.user == preemptor.user and not urgent:
+        return False
+    lower = PRIORITY_RANK.get(victim.priority, 1) < PRIORITY_RANK.get(preemptor.priority, 1)
+    if victim.borrowed:
+        return not (victim.priority == "urgent" and not urgent)
+    return victim.preemptible and lower
+
+
+def choose_victims(now: float, preemptor: Job, k: int, candidates: dict[int, list[Job]],
+                   free_usable: dict[int, int], urgent: bool
+                   ) -> tuple[int, list[Job]] | None:
+    """(pool, victims) freeing k GPUs on one pool with the least lost work, or None.
+
+    `candidates` maps pool -> running jobs on it not yet chosen; `free_usable` pool -> free
+    GPUs not held by a reservation.
+    """
+    best: tuple[float, int, list[Job]] | None = None
+    for p, jobs in candidates.items():
+        have = free_usable.get(p, 0)
+        allowed = sorted((j for j in jobs if may_preempt(j, preemptor, urgent)),
+                         key=lambda j: ((now - (j.started_at or now)) * len(j.assigned_gpus), j.id))
+        chosen: list[Job] = []
+        lost = 0.0
+        for j in allowed:
+            if have >= k:
+                break
+            chosen.append(j)
+            have += len(j.assigned_gpus)
+            lost += (now - (j.started_at or now)) * len(j.assigned_gpus)
+        if have >= k and chosen and (best is None or lost < best[0]):
+            best = (lost, p, chosen)
+    return None if best is None else (best[1], best[2])
+
+
+def victims_text(victims: Sequence[Job]) -> str:
+    ids = ", ".join(str(v.id) for v in victims)
+    return f"waiting for preempted job{'s' if len(victims) > 1 else ''} {ids} to exit"
