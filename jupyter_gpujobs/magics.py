@@ -319,6 +319,7 @@ class CellRun:
     fast_interval = 0.05  # seconds between polls in the first seconds of each phase
     slow_interval = 0.25
     status_interval = 1.0  # refresh the status line of a running job this often
+    unreachable_timeout = 120.0  # keep following through an engine restart this long
 
     def __init__(self, client: GPUJobsClient, job: dict[str, Any], folder: Path, pull: list[str],
                  write: Callable[[str], None] | None = None):
@@ -363,20 +364,32 @@ class CellRun:
         phase_start = time.monotonic()
         phase = self.job["state"]
         last_status = 0.0
+        unreachable_since: float | None = None
         self._show()
         try:
             while True:
                 now = time.monotonic()
-                if self.job["state"] == "PENDING" or now - last_status >= self.status_interval:
-                    self.job = self.client.job(job_id)
-                    last_status = now
-                    if self.job["state"] != phase:
-                        phase, phase_start = self.job["state"], now
-                    self._show()
-                if self.job["state"] == "PENDING":
-                    time.sleep(self._interval(phase_start))
+                try:
+                    if self.job["state"] == "PENDING" or now - last_status >= self.status_interval:
+                        self.job = self.client.job(job_id)
+                        last_status = now
+                        if self.job["state"] != phase:
+                            phase, phase_start = self.job["state"], now
+                        self._show()
+                    if self.job["state"] == "PENDING":
+                        time.sleep(self._interval(phase_start))
+                        continue
+                    got, done = self._read_log()
+                    unreachable_since = None
+                except GPUJobsError as err:
+                    # the engine restarting: the job survives it, so keep following for a while
+                    if err.status is not None:
+                        raise
+                    unreachable_since = unreachable_since or now
+                    if now - unreachable_since > self.unreachable_timeout:
+                        raise
+                    time.sleep(1.0)
                     continue
-                got, done = self._read_log()
                 if done:
                     break
                 if not got:
@@ -514,7 +527,8 @@ class GPUJobMagics(Magics):
 
     def _write_folder(self, cwd: str, line: str, cell: str, pushed: dict[str, Any], pull: list[str]) -> Path:
         folder = cell_folder_root(cwd) / uuid.uuid4().hex
-        folder.mkdir(parents=True, exist_ok=False)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700)  # pushed variables are the user's data
         try:
             # line 1 stands for the magic line, so line numbers match the notebook cell's
             (folder / cell_job.CELL_FILE).write_text(f"# %%gpujob {line}\n{cell}")
