@@ -150,6 +150,34 @@ class GPUJobs(Configurable):
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")
+    # --- monitoring (jupyter_gpujobs/monitor/, docs/monitoring.md)
+    monitor = Bool(True, config=True, help="Sample the GPUs and run the detectors (findings, stats, heatmap).")
+    sample_interval = Float(5.0, config=True, help="Seconds between GPU readings.")
+    sample_retention = Union([Integer(), Unicode()], default_value="6h", config=True,
+                             help="How long raw GPU readings are kept (then only per-minute rows).")
+    sample_retention_minutes = Union([Integer(), Unicode()], default_value="14d", config=True,
+                                     help="How long per-minute GPU rows are kept (then only per-hour rows).")
+    sample_retention_hours = Union([Integer(), Unicode()], default_value="400d", config=True,
+                                   help="How long per-hour GPU rows are kept.")
+    idle_hog_after = Union([Integer(), Unicode()], default_value="30m", config=True,
+                           help="A running job whose GPUs stay at ~0% this long is reported as an idle hog.")
+    idle_hog_threshold = Float(1.0, config=True, help="Utilization (%) at or below which a GPU counts as idle.")
+    rogue_policy = Unicode("warn", config=True,
+                           help="Processes on a GPU without an allocation: 'warn' (report and log) or "
+                                "'kill' (also SIGTERM, then SIGKILL after kill_grace).")
+    rogue_ignore = List(Unicode(), default_value=["Xorg", "gnome-shell", "nvidia-persistenced"], config=True,
+                        help="Process names never reported as rogue (display servers, daemons).")
+    drain_after_errors = Integer(0, config=True,
+                                 help="Drain a GPU (no new starts) after this many error events "
+                                      "(uncorrected ECC, Xid, unreadable); 0 never drains automatically.")
+    failure_streak = Integer(3, config=True, help="Failures in a row of one user's job that make a finding.")
+    oom_memory_fraction = Float(0.95, config=True,
+                                help="A failed job whose GPU memory peaked at this fraction of a card ran out of memory.")
+    use_predictions = Bool(False, config=True,
+                           help="Let backfill use confident runtime predictions instead of time limits.")
+    predict_min_confidence = Float(0.6, config=True,
+                                   help="Runtime predictions at least this confident set Job.predicted_runtime_s "
+                                        "(used by backfill when use_predictions is on).")
 
     @validate("fake_gpus")
     def _check_fake(self, proposal: Any) -> str:
@@ -160,7 +188,8 @@ class GPUJobs(Configurable):
         return proposal["value"]
 
     @validate("default_time_limit", "max_time_limit", "kill_grace", "preempt_grace", "time_limit_warning",
-              "fairshare_half_life")
+              "fairshare_half_life", "sample_retention", "sample_retention_minutes", "sample_retention_hours",
+              "idle_hog_after")
     def _check_duration(self, proposal: Any) -> Any:
         name = proposal["trait"].name
         try:
@@ -183,6 +212,18 @@ class GPUJobs(Configurable):
         name = proposal["trait"].name
         for who, value in proposal["value"].items():
             _quota(f"c.GPUJobs.{name}[{who!r}]", value)
+        return proposal["value"]
+
+    @validate("rogue_policy")
+    def _check_rogue_policy(self, proposal: Any) -> Any:
+        if proposal["value"] not in ("warn", "kill"):
+            raise TraitError(f"c.GPUJobs.rogue_policy: {proposal['value']!r} is not one of warn, kill")
+        return proposal["value"]
+
+    @validate("sample_interval")
+    def _check_sample_interval(self, proposal: Any) -> Any:
+        if proposal["value"] <= 0:
+            raise TraitError(f"c.GPUJobs.sample_interval: must be positive, got {proposal['value']!r}")
         return proposal["value"]
 
     @validate("user_identity")
@@ -226,4 +267,5 @@ class GPUJobs(Configurable):
             preempt_grace_s=self.seconds("preempt_grace"),
             offpeak_windows=tuple(parse_offpeak(w) for w in self.offpeak_windows),
             utc_offset_s=-_time.timezone if not _time.daylight else -_time.altzone,
+            use_predictions=self.use_predictions,
         )

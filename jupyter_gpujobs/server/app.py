@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Instance
+from traitlets import Any, Instance
 
 from ..config import GPUJobs
 from ..gpus import make_backend
@@ -28,6 +28,7 @@ class GPUJobsApp(ExtensionApp):
 
     settings_obj = Instance(GPUJobs, allow_none=True)
     service = Instance(JobService, allow_none=True)
+    monitor = Any(None, allow_none=True)  # monitor.Monitor, built with the service
 
     def initialize_settings(self) -> None:
         server = self.serverapp
@@ -66,7 +67,12 @@ class GPUJobsApp(ExtensionApp):
             poll_interval=cfg.poll_interval,
             tick_interval=cfg.tick_interval,
         )
+        from ..monitor import Monitor, MonitorSettings
+
+        self.monitor = Monitor(self.service, MonitorSettings.from_config(cfg), self.log)
+        self.monitor.install()  # drained GPUs show as draining in the engine's inventory
         self.settings.update({
+            "gpujobs_monitor": self.monitor,
             "gpujobs_service": self.service,
             "gpujobs_identity": identity,
             "gpujobs_unix_user": unix_user,
@@ -78,11 +84,16 @@ class GPUJobsApp(ExtensionApp):
                       len(gpus), backend.name, summary, store.url.split("?")[0], identity)
 
     def initialize_handlers(self) -> None:
+        from ..monitor.handlers import MONITOR_HANDLERS
+
         self.handlers.extend(HANDLERS)
+        self.handlers.extend(MONITOR_HANDLERS)
 
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
         assert self.service is not None
         await self.service.start()
+        if self.monitor is not None:
+            await self.monitor.start()
         from ..provisioner import start_reconciler
 
         start_reconciler()  # end the jobs of GPU kernels that did not survive a restart
@@ -92,6 +103,8 @@ class GPUJobsApp(ExtensionApp):
             from ..provisioner import release_kernel_jobs
 
             await release_kernel_jobs()  # while the engine still answers; kernels stop next
+            if self.monitor is not None:
+                await self.monitor.stop()
             await self.service.stop()
             self.service.store.close()
             self.service.gpus.close()

@@ -103,3 +103,108 @@ class UsageRow(Base):
     key: Mapped[str] = mapped_column(String(200), primary_key=True)  # "user:alice" / "group:vision"
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+# --------------------------------------------------------------------------- monitoring
+# (revision 0002; read and written by store/monitoring.py for jupyter_gpujobs/monitor/)
+
+
+class GPUInfoRow(Base):
+    """Every GPU ever seen, by UUID: its model and memory, so usage by model still knows a
+    card that has since left the machine."""
+
+    __tablename__ = "gpu_info"
+
+    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))
+    memory_total_mb: Mapped[int] = mapped_column(Integer, default=0)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class GPUSampleRow(Base):
+    """GPU readings, downsampled: `resolution` 0 is a raw reading at `time`; 60 and 3600 are
+    per-minute and per-hour rows whose `time` is the bucket start and `count` the number of
+    raw readings behind them (means are weighted by it)."""
+
+    __tablename__ = "gpu_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
+    resolution: Mapped[int] = mapped_column(Integer, default=0)
+    time: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
+    utilization_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_used_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_used_max_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_total_mb: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    temperature_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    temperature_max_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_max_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ecc_errors: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    xid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (
+        Index("ix_gpu_samples_resolution_time", "resolution", "time"),
+        Index("ix_gpu_samples_gpu", "host", "gpu_index", "resolution", "time"),
+    )
+
+
+class JobStatsRow(Base):
+    """GPU use of one job over its runs: utilization (mean over its GPUs per reading) and
+    memory (summed over its GPUs), mean and peak."""
+
+    __tablename__ = "job_stats"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    utilization_mean: Mapped[float | None] = mapped_column(Float, nullable=True)
+    utilization_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_mean_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_max_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_total_mb: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_max_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)  # peak used/total of one GPU
+    first_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class FindingRow(Base):
+    """Something the monitor noticed (out of memory, repeated failures, an idle hog, a GPU with
+    errors, a rogue process). An open finding (`resolved_at` NULL) is unique by `key`, so a
+    condition seen at every reading is one row whose `last_seen` moves."""
+
+    __tablename__ = "findings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    key: Mapped[str] = mapped_column(String(300))
+    severity: Mapped[str] = mapped_column(String(16), default="warning")
+    time: Mapped[float] = mapped_column(Float, index=True)
+    last_seen: Mapped[float] = mapped_column(Float)
+    resolved_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True)
+    user: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    host: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    action: Mapped[str] = mapped_column(String(32), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    __table_args__ = (
+        Index(
+            "uq_findings_open_key",
+            "key",
+            unique=True,
+            sqlite_where=text("resolved_at IS NULL"),
+            postgresql_where=text("resolved_at IS NULL"),
+        ),
+    )

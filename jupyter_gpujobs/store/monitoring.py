@@ -1,0 +1,475 @@
+"""Repository functions of the monitoring tables (gpu_info, gpu_samples, job_stats, findings),
+each taking a `Store`, plus the read-only queries over jobs and allocations that usage
+reports and runtime prediction need.
+
+Samples are kept downsampled: raw readings (resolution 0), per-minute rows (60) rolled up
+from them and per-hour rows (3600) rolled up from the minutes; `rollup()` builds the coarse
+rows of complete buckets and prunes each resolution past its retention, so the database
+stays small. A bucket's means are weighted by its `count` of raw readings.
+No decision is taken here: the monitor (jupyter_gpujobs/monitor/) decides what to record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+
+from . import Store
+from .tables import AllocationRow, FindingRow, GPUInfoRow, GPUSampleRow, JobRow, JobStatsRow
+
+RAW, MINUTE, HOUR = 0, 60, 3600
+
+__all__ = [
+    "RAW", "MINUTE", "HOUR", "SampleValues", "JobStats", "record_gpus", "gpu_models", "add_samples",
+    "rollup", "utilization_buckets", "samples", "save_job_stats", "job_stats", "add_finding",
+    "resolve_finding", "resolve_findings_except", "list_findings", "get_finding", "allocations_between",
+    "jobs_like", "finished_runtimes", "wait_times", "count_samples",
+]
+
+
+@dataclass
+class SampleValues:
+    """One GPU reading, or one bucket of them (`count` readings) at `time`."""
+
+    host: str
+    gpu_index: int
+    gpu_uuid: str
+    time: float
+    utilization: float | None = None
+    memory_used_mb: float | None = None
+    memory_total_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    ecc_errors: int | None = None
+    xid: int | None = None
+    count: int = 1
+    utilization_max: float | None = None
+    memory_used_max_mb: float | None = None
+    temperature_max_c: float | None = None
+    power_max_w: float | None = None
+
+    @classmethod
+    def of(cls, host: str, sample: Any) -> SampleValues:
+        """From a `gpus.GPUSample` (or anything with its attributes)."""
+        return cls(host=host, gpu_index=sample.index, gpu_uuid=sample.uuid, time=sample.time,
+                   utilization=sample.utilization, memory_used_mb=sample.memory_used_mb,
+                   memory_total_mb=sample.memory_total_mb, temperature_c=sample.temperature_c,
+                   power_w=sample.power_w, ecc_errors=sample.ecc_errors, xid=sample.xid)
+
+
+@dataclass
+class JobStats:
+    """Running GPU-use statistics of one job (see JobStatsRow)."""
+
+    job_id: int
+    samples: int = 0
+    utilization_mean: float | None = None
+    utilization_max: float | None = None
+    memory_mean_mb: float | None = None
+    memory_max_mb: float | None = None
+    memory_total_mb: int | None = None
+    memory_max_fraction: float | None = None
+    first_at: float | None = None
+    last_at: float | None = None
+    final: bool = False
+
+    def add(self, time: float, utilization: float | None, memory_mb: float | None,
+            memory_total_mb: int | None, max_fraction: float | None) -> None:
+        """Fold one reading of the job's GPUs into the means and peaks."""
+        n = self.samples + 1
+        if utilization is not None:
+            self.utilization_mean = utilization if self.utilization_mean is None else \
+                self.utilization_mean + (utilization - self.utilization_mean) / n
+            self.utilization_max = max(self.utilization_max or 0.0, utilization)
+        if memory_mb is not None:
+            self.memory_mean_mb = memory_mb if self.memory_mean_mb is None else \
+                self.memory_mean_mb + (memory_mb - self.memory_mean_mb) / n
+            self.memory_max_mb = max(self.memory_max_mb or 0.0, memory_mb)
+        if memory_total_mb:
+            self.memory_total_mb = memory_total_mb
+        if max_fraction is not None:
+            self.memory_max_fraction = max(self.memory_max_fraction or 0.0, max_fraction)
+        self.samples = n
+        self.first_at = time if self.first_at is None else self.first_at
+        self.last_at = time
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "samples": self.samples,
+            "utilization_mean": _round(self.utilization_mean), "utilization_max": _round(self.utilization_max),
+            "memory_mean_mb": _round(self.memory_mean_mb), "memory_max_mb": _round(self.memory_max_mb),
+            "memory_total_mb": self.memory_total_mb, "memory_max_fraction": _round(self.memory_max_fraction, 3),
+            "first_sample_at": self.first_at, "last_sample_at": self.last_at, "final": self.final,
+        }
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# ----------------------------------------------------------------------------- GPUs seen
+
+
+def record_gpus(store: Store, gpus: Iterable[Any], now: float) -> None:
+    """Upsert the GPUs of an inventory (`model.GPU`s) into gpu_info."""
+    gpus = list(gpus)
+    if not gpus:
+        return
+    with store._session.begin() as s:
+        known = {r.uuid: r for r in s.scalars(select(GPUInfoRow).where(
+            GPUInfoRow.uuid.in_([g.uuid for g in gpus]))).all()}
+        for g in gpus:
+            row = known.get(g.uuid)
+            if row is None:
+                s.add(GPUInfoRow(uuid=g.uuid, host=g.host, gpu_index=g.index, name=g.name,
+                                 memory_total_mb=g.memory_total_mb or 0, first_seen=now, last_seen=now))
+            else:
+                row.host, row.gpu_index, row.name = g.host, g.index, g.name
+                row.memory_total_mb = g.memory_total_mb or row.memory_total_mb
+                row.last_seen = now
+
+
+def gpu_models(store: Store) -> dict[str, str]:
+    """GPU UUID -> model name, for every GPU ever seen."""
+    with store.session() as s:
+        return {u: n for u, n in s.execute(select(GPUInfoRow.uuid, GPUInfoRow.name)).all()}
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+def _sample_row(v: SampleValues, resolution: int) -> GPUSampleRow:
+    return GPUSampleRow(
+        host=v.host, gpu_index=v.gpu_index, gpu_uuid=v.gpu_uuid, resolution=resolution, time=v.time,
+        count=v.count, utilization=v.utilization,
+        utilization_max=v.utilization_max if v.utilization_max is not None else v.utilization,
+        memory_used_mb=v.memory_used_mb,
+        memory_used_max_mb=v.memory_used_max_mb if v.memory_used_max_mb is not None else v.memory_used_mb,
+        memory_total_mb=v.memory_total_mb, temperature_c=v.temperature_c,
+        temperature_max_c=v.temperature_max_c if v.temperature_max_c is not None else v.temperature_c,
+        power_w=v.power_w, power_max_w=v.power_max_w if v.power_max_w is not None else v.power_w,
+        ecc_errors=v.ecc_errors, xid=v.xid,
+    )
+
+
+def add_samples(store: Store, values: Iterable[SampleValues], resolution: int = RAW,
+                stats: Iterable[JobStats] = ()) -> None:
+    """Insert readings (or, with `resolution`, ready-made buckets) and save job stats, in one
+    transaction."""
+    with store._session.begin() as s:
+        s.add_all([_sample_row(v, resolution) for v in values])
+        _save_stats(s, stats)
+
+
+def _bucket(rows: Sequence[GPUSampleRow], start: float) -> SampleValues:
+    first = rows[0]
+
+    def wmean(attr: str) -> float | None:
+        total = weight = 0.0
+        for r in rows:
+            value = getattr(r, attr)
+            if value is not None:
+                total += value * r.count
+                weight += r.count
+        return total / weight if weight else None
+
+    def peak(attr: str) -> float | None:
+        values = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
+        return max(values) if values else None
+
+    last = max(rows, key=lambda r: r.time)
+    return SampleValues(
+        host=first.host, gpu_index=first.gpu_index, gpu_uuid=last.gpu_uuid, time=start,
+        count=sum(r.count for r in rows), utilization=wmean("utilization"), utilization_max=peak("utilization_max"),
+        memory_used_mb=wmean("memory_used_mb"), memory_used_max_mb=peak("memory_used_max_mb"),
+        memory_total_mb=last.memory_total_mb, temperature_c=wmean("temperature_c"),
+        temperature_max_c=peak("temperature_max_c"), power_w=wmean("power_w"), power_max_w=peak("power_max_w"),
+        ecc_errors=peak("ecc_errors"),  # type: ignore[arg-type]
+        xid=last.xid,
+    )
+
+
+def _roll(s: Any, source: int, target: int, now: float) -> int:
+    """Build `target` buckets from `source` rows of complete buckets not rolled up yet."""
+    cutoff = math.floor(now / target) * target
+    done = {(h, i): t for h, i, t in s.execute(
+        select(GPUSampleRow.host, GPUSampleRow.gpu_index, func.max(GPUSampleRow.time))
+        .where(GPUSampleRow.resolution == target)
+        .group_by(GPUSampleRow.host, GPUSampleRow.gpu_index)).all()}
+    q = select(GPUSampleRow).where(GPUSampleRow.resolution == source, GPUSampleRow.time < cutoff)
+    if done:
+        # a GPU first seen now has only recent rows, so the oldest finished bucket bounds the scan
+        q = q.where(GPUSampleRow.time >= min(done.values()) + target)
+    groups: dict[tuple[str, int, float], list[GPUSampleRow]] = {}
+    for row in s.scalars(q).all():
+        start = math.floor(row.time / target) * target
+        last = done.get((row.host, row.gpu_index))
+        if last is not None and start <= last:
+            continue
+        groups.setdefault((row.host, row.gpu_index, start), []).append(row)
+    for (_, _, start), rows in groups.items():
+        s.add(_sample_row(_bucket(rows, start), target))
+    return len(groups)
+
+
+def rollup(store: Store, now: float, raw_keep_s: float, minute_keep_s: float, hour_keep_s: float) -> dict[str, int]:
+    """Roll complete minutes of raw readings into minute rows and complete hours of minute rows
+    into hour rows, then delete rows past their retention. Returns what it did."""
+    raw_keep_s = max(raw_keep_s, 2 * MINUTE)
+    minute_keep_s = max(minute_keep_s, 2 * HOUR)
+    with store._session.begin() as s:
+        minutes = _roll(s, RAW, MINUTE, now)
+        s.flush()
+        hours = _roll(s, MINUTE, HOUR, now)
+        pruned = 0
+        for resolution, keep in ((RAW, raw_keep_s), (MINUTE, minute_keep_s), (HOUR, hour_keep_s)):
+            result = s.execute(delete(GPUSampleRow).where(GPUSampleRow.resolution == resolution,
+                                                          GPUSampleRow.time < now - keep))
+            pruned += result.rowcount or 0
+    return {"minutes": minutes, "hours": hours, "pruned": pruned}
+
+
+def count_samples(store: Store) -> dict[int, int]:
+    """Rows per resolution (for tests and the docs' size estimate)."""
+    with store.session() as s:
+        return {r: n for r, n in s.execute(select(GPUSampleRow.resolution, func.count())
+                                           .group_by(GPUSampleRow.resolution)).all()}
+
+
+def samples(store: Store, since: float, until: float, resolution: int | None = None,
+            gpu_index: int | None = None, host: str | None = None) -> list[dict[str, Any]]:
+    """Stored rows in [since, until), oldest first."""
+    q = select(GPUSampleRow).where(GPUSampleRow.time >= since, GPUSampleRow.time < until).order_by(GPUSampleRow.time)
+    if resolution is not None:
+        q = q.where(GPUSampleRow.resolution == resolution)
+    if gpu_index is not None:
+        q = q.where(GPUSampleRow.gpu_index == gpu_index)
+    if host is not None:
+        q = q.where(GPUSampleRow.host == host)
+    with store.session() as s:
+        rows = s.scalars(q).all()
+    return [{"host": r.host, "gpu": r.gpu_index, "uuid": r.gpu_uuid, "resolution": r.resolution, "time": r.time,
+             "count": r.count, "utilization": r.utilization, "utilization_max": r.utilization_max,
+             "memory_used_mb": r.memory_used_mb, "memory_used_max_mb": r.memory_used_max_mb,
+             "memory_total_mb": r.memory_total_mb, "temperature_c": r.temperature_c, "power_w": r.power_w,
+             "ecc_errors": r.ecc_errors, "xid": r.xid} for r in rows]
+
+
+def utilization_buckets(store: Store, since: float, until: float) -> list[tuple[str, int, float, int, float, int]]:
+    """Non-overlapping utilization readings in [since, until): (host, gpu, time, resolution,
+    mean utilization, count). Per GPU, hour rows are used where they exist, minute rows after
+    the last hour, raw readings after the last minute, so no reading counts twice."""
+    with store.session() as s:
+        rows = s.execute(
+            select(GPUSampleRow.host, GPUSampleRow.gpu_index, GPUSampleRow.resolution, GPUSampleRow.time,
+                   GPUSampleRow.utilization, GPUSampleRow.count)
+            .where(GPUSampleRow.time >= since, GPUSampleRow.time < until, GPUSampleRow.utilization.is_not(None))
+        ).all()
+    hour_end: dict[tuple[str, int], float] = {}
+    for host, gpu, res, t, _, _ in rows:
+        if res == HOUR:
+            hour_end[(host, gpu)] = max(hour_end.get((host, gpu), -math.inf), t + HOUR)
+    minute_end: dict[tuple[str, int], float] = {}
+    for host, gpu, res, t, _, _ in rows:
+        if res == MINUTE and t >= hour_end.get((host, gpu), -math.inf):
+            minute_end[(host, gpu)] = max(minute_end.get((host, gpu), -math.inf), t + MINUTE)
+    out = []
+    for host, gpu, res, t, util, count in rows:
+        key = (host, gpu)
+        if (res == HOUR or (res == MINUTE and t >= hour_end.get(key, -math.inf))
+                or (res == RAW and t >= max(hour_end.get(key, -math.inf), minute_end.get(key, -math.inf)))):
+            out.append((host, gpu, t, res, float(util), int(count)))
+    out.sort(key=lambda r: r[2])
+    return out
+
+
+# ----------------------------------------------------------------------------- job stats
+
+
+def _save_stats(s: Any, stats: Iterable[JobStats]) -> None:
+    stats = list(stats)
+    if not stats:
+        return
+    known = {r.job_id: r for r in s.scalars(select(JobStatsRow).where(
+        JobStatsRow.job_id.in_([st.job_id for st in stats]))).all()}
+    for st in stats:
+        row = known.get(st.job_id)
+        if row is None:
+            row = JobStatsRow(job_id=st.job_id)
+            s.add(row)
+        for name in ("samples", "utilization_mean", "utilization_max", "memory_mean_mb", "memory_max_mb",
+                     "memory_total_mb", "memory_max_fraction", "first_at", "last_at", "final"):
+            setattr(row, name, getattr(st, name))
+
+
+def save_job_stats(store: Store, stats: Iterable[JobStats]) -> None:
+    with store._session.begin() as s:
+        _save_stats(s, stats)
+
+
+def job_stats(store: Store, job_id: int) -> JobStats | None:
+    with store.session() as s:
+        row = s.get(JobStatsRow, job_id)
+        if row is None:
+            return None
+        return JobStats(job_id=row.job_id, samples=row.samples, utilization_mean=row.utilization_mean,
+                        utilization_max=row.utilization_max, memory_mean_mb=row.memory_mean_mb,
+                        memory_max_mb=row.memory_max_mb, memory_total_mb=row.memory_total_mb,
+                        memory_max_fraction=row.memory_max_fraction, first_at=row.first_at,
+                        last_at=row.last_at, final=row.final)
+
+
+def job_stats_many(store: Store, job_ids: Iterable[int]) -> dict[int, JobStats]:
+    ids = list(job_ids)
+    out: dict[int, JobStats] = {}
+    for i in range(0, len(ids), 500):
+        with store.session() as s:
+            for row in s.scalars(select(JobStatsRow).where(JobStatsRow.job_id.in_(ids[i:i + 500]))).all():
+                out[row.job_id] = JobStats(job_id=row.job_id, samples=row.samples,
+                                           utilization_mean=row.utilization_mean,
+                                           memory_max_mb=row.memory_max_mb, final=row.final)
+    return out
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def _finding_dict(r: FindingRow) -> dict[str, Any]:
+    return {"id": r.id, "kind": r.kind, "key": r.key, "severity": r.severity, "time": r.time,
+            "last_seen": r.last_seen, "resolved_at": r.resolved_at, "open": r.resolved_at is None,
+            "job_id": r.job_id, "user": r.user, "host": r.host, "gpu": r.gpu_index, "pid": r.pid,
+            "action": r.action, "message": r.message, "data": r.data or {}}
+
+
+def add_finding(store: Store, now: float, *, kind: str, key: str, message: str, severity: str = "warning",
+                job_id: int | None = None, user: str | None = None, host: str | None = None,
+                gpu_index: int | None = None, pid: int | None = None, action: str = "",
+                data: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+    """Record a finding, or refresh the open one with the same key (its message, data and
+    `last_seen`). Returns (the finding, whether it is new)."""
+    with store._session.begin() as s:
+        row = s.scalars(select(FindingRow).where(FindingRow.key == key, FindingRow.resolved_at.is_(None))).first()
+        new = row is None
+        if row is None:
+            row = FindingRow(kind=kind, key=key, time=now, job_id=job_id, user=user, host=host,
+                             gpu_index=gpu_index, pid=pid)
+            s.add(row)
+        row.last_seen = now
+        row.job_id = job_id if job_id is not None else row.job_id
+        row.message = message
+        row.severity = severity
+        row.action = action or row.action or ""
+        row.data = dict(data or {})
+        s.flush()
+        return _finding_dict(row), new
+
+
+def get_finding(store: Store, finding_id: int) -> dict[str, Any] | None:
+    with store.session() as s:
+        row = s.get(FindingRow, finding_id)
+        return _finding_dict(row) if row else None
+
+
+def resolve_finding(store: Store, now: float, *, key: str | None = None, finding_id: int | None = None,
+                    action: str | None = None) -> dict[str, Any] | None:
+    """Close the open finding with this key (or id); returns it, or None when none was open."""
+    with store._session.begin() as s:
+        q = select(FindingRow).where(FindingRow.resolved_at.is_(None))
+        q = q.where(FindingRow.key == key) if key is not None else q.where(FindingRow.id == finding_id)
+        row = s.scalars(q).first()
+        if row is None:
+            return None
+        row.resolved_at = now
+        if action is not None:
+            row.action = action
+        s.flush()
+        return _finding_dict(row)
+
+
+def resolve_findings_except(store: Store, now: float, kind: str, keep_keys: Iterable[str]) -> list[dict[str, Any]]:
+    """Close the open findings of `kind` whose key is not in `keep_keys` (the condition went away)."""
+    keep = set(keep_keys)
+    with store._session.begin() as s:
+        rows = [r for r in s.scalars(select(FindingRow).where(FindingRow.kind == kind,
+                                                              FindingRow.resolved_at.is_(None))).all()
+                if r.key not in keep]
+        for r in rows:
+            r.resolved_at = now
+        s.flush()
+        return [_finding_dict(r) for r in rows]
+
+
+def list_findings(store: Store, *, kind: str | None = None, job_id: int | None = None, user: str | None = None,
+                  open_only: bool = False, since: float | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Findings, newest first."""
+    q = select(FindingRow).order_by(FindingRow.id.desc()).limit(limit)
+    if kind:
+        q = q.where(FindingRow.kind == kind)
+    if job_id is not None:
+        q = q.where(FindingRow.job_id == job_id)
+    if user is not None:
+        q = q.where(FindingRow.user == user)
+    if open_only:
+        q = q.where(FindingRow.resolved_at.is_(None))
+    if since is not None:
+        q = q.where(FindingRow.last_seen >= since)
+    with store.session() as s:
+        return [_finding_dict(r) for r in s.scalars(q).all()]
+
+
+def set_finding_action(store: Store, finding_id: int, action: str) -> None:
+    with store._session.begin() as s:
+        s.execute(update(FindingRow).where(FindingRow.id == finding_id).values(action=action))
+
+
+# ----------------------------------------------------------------------------- jobs and allocations
+
+
+def allocations_between(store: Store, since: float, until: float) -> list[dict[str, Any]]:
+    """GPU allocations overlapping [since, until) with their job's user and group."""
+    q = (select(AllocationRow.job_id, AllocationRow.host, AllocationRow.gpu_index, AllocationRow.gpu_uuid,
+                AllocationRow.started_at, AllocationRow.released_at, JobRow.user, JobRow.group)
+         .join(JobRow, JobRow.id == AllocationRow.job_id)
+         .where(AllocationRow.started_at < until,
+                or_(AllocationRow.released_at.is_(None), AllocationRow.released_at > since)))
+    with store.session() as s:
+        return [{"job_id": j, "host": h, "gpu_index": i, "gpu_uuid": u, "started_at": a, "released_at": r,
+                 "user": user, "group": group}
+                for j, h, i, u, a, r, user, group in s.execute(q).all()]
+
+
+def jobs_like(store: Store, user: str, name: str, before_id: int, limit: int = 50) -> list[Any]:
+    """The user's ended jobs with this name (id <= before_id), newest first, as `model.Job`s."""
+    from . import _to_job
+
+    finals = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"]
+    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.id <= before_id,
+                              JobRow.state.in_(finals))
+         .order_by(JobRow.id.desc()).limit(limit))
+    with store.session() as s:
+        return [_to_job(r) for r in s.scalars(q).all()]
+
+
+def finished_runtimes(store: Store, limit: int = 50_000) -> list[Any]:
+    """The most recent ended jobs that ran, oldest first, as `model.Job`s (runtime history)."""
+    from . import _to_job
+
+    q = (select(JobRow).where(JobRow.started_at.is_not(None) | (JobRow.run_seconds > 0),
+                              JobRow.state.in_(["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]),
+                              JobRow.ended_at.is_not(None))
+         .order_by(JobRow.ended_at.desc()).limit(limit))
+    with store.session() as s:
+        rows = s.scalars(q).all()
+    return [_to_job(r) for r in reversed(rows)]
+
+
+def wait_times(store: Store, limit: int = 100_000) -> list[float]:
+    """Seconds from submission to (last) start of the jobs that started."""
+    q = (select(JobRow.submitted_at, JobRow.started_at).where(JobRow.started_at.is_not(None))
+         .order_by(JobRow.id.desc()).limit(limit))
+    with store.session() as s:
+        return [max(0.0, b - a) for a, b in s.execute(q).all()]
