@@ -520,7 +520,11 @@ class GPUJobMagics(Magics):
 
             return JobWidget(job["id"], client=client, job=job, folder=folder, pull=pull, namespace=user_ns)
         run = CellRun(client, job, folder, pull)
-        run.wait()
+        try:
+            run.wait()
+        except BaseException:  # interrupted (the job was cancelled) or the engine went away
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         pulled = run.finish()
         user_ns.update(pulled)
         return None

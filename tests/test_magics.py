@@ -180,6 +180,7 @@ def test_interrupt_cancels_the_job(server: Any, kernel: Any) -> None:
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         job = client.jobs()["jobs"][0]
         assert job["state"] == "CANCELLED", job
+    assert not list((server.root / ".gpujobs" / "cells").iterdir())  # nothing left behind
 
 
 def test_second_cell_waits_for_the_only_gpu_and_shows_its_position(server: Any, kernel: Any) -> None:
