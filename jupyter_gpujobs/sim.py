@@ -1,0 +1,229 @@
+"""Simulator: a discrete-event replay of a job trace through the real `schedule()`.
+
+The cluster is fake (hosts x GPUs per host). Policies are `Policy` settings only
+(`POLICIES`): the simulator holds no copy of any scheduling rule. Events are job submissions
+and job ends; all events at the same second are applied together and then one scheduling
+cycle runs, so the cost is one `schedule()` call per distinct event time.
+
+Modelling choices (the trace has no time limits and no hosts):
+- time limit = the job's duration rounded up to the next "user-typical" limit of
+  `LIMIT_STEPS` (15 min, 1 h, 4 h, 12 h, 1 d, 3 d, 7 d, then doubling), the way people pick
+  a round number above what they expect to need; jobs end at their duration, never at the limit;
+- a job wider than one host is folded onto one host (GPUs = GPUs per host) with its duration
+  stretched to keep its GPU-seconds;
+- a preempted job goes back to the queue and later runs its whole duration again;
+- fair-share usage is updated with `decay_and_add` before every cycle, as the service does.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .model import GPU, Job, JobState, Policy
+from .scheduler import Usage, decay_and_add, schedule
+
+LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
+
+#: the policies the benchmarks compare, as Policy settings only
+POLICIES: dict[str, Policy] = {
+    "fifo": Policy(backfill=False, fairshare=False, preemption=False, weight_age=0.0,
+                   weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None),
+    "fifo+backfill": Policy(backfill=True, fairshare=False, preemption=False, weight_age=0.0,
+                            weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None),
+    "default": Policy(max_time_limit_s=None, fairshare_half_life_s=86400.0),
+}
+
+
+def typical_limit(duration: float) -> int:
+    """The round time limit a user would give a job that runs `duration` seconds."""
+    for step in LIMIT_STEPS:
+        if duration <= step:
+            return step
+    limit = LIMIT_STEPS[-1]
+    while limit < duration:
+        limit *= 2
+    return limit
+
+
+@dataclass
+class TraceJob:
+    id: int
+    user: str
+    submit: float
+    duration: float
+    gpus: int
+    gpu_type: str | None = None
+
+
+def read_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
+    """Jobs of a trace CSV (see the traces README), in submit order."""
+    jobs: list[TraceJob] = []
+    with open(path, newline="") as fh:
+        for n, row in enumerate(csv.DictReader(fh)):
+            if limit is not None and n >= limit:
+                break
+            jobs.append(TraceJob(n + 1, row["user"], float(row["submit_time_s"]), float(row["duration_s"]),
+                                 int(row["num_gpus"]), row.get("gpu_type") or None))
+    return jobs
+
+
+@dataclass
+class Result:
+    policy: str
+    jobs: int
+    gpus: int
+    wait: list[float] = field(default_factory=list)
+    jct: list[float] = field(default_factory=list)
+    slowdown: list[float] = field(default_factory=list)
+    users: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (wait, slowdown)
+    predicted_ok: int = 0
+    predicted_n: int = 0
+    busy_gpu_s: float = 0.0
+    work_gpu_s: float = 0.0
+    first_submit: float = 0.0
+    last_end: float = 0.0
+    cycles: int = 0
+    preemptions: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        w = sorted(self.wait)
+        span = max(1e-9, self.last_end - self.first_submit)
+        lower = self.work_gpu_s / self.gpus
+        per_user_wait = {u: sum(x[0] for x in v) / len(v) for u, v in self.users.items()}
+        per_user_sd = [sum(x[1] for x in v) / len(v) for v in self.users.values()]
+        jain = (sum(per_user_sd) ** 2 / (len(per_user_sd) * sum(x * x for x in per_user_sd))) if per_user_sd else 1.0
+        return {
+            "mean_wait": sum(w) / len(w),
+            "p50_wait": _pct(w, 50),
+            "p99_wait": _pct(w, 99),
+            "mean_jct": sum(self.jct) / len(self.jct),
+            "mean_bsld": sum(self.slowdown) / len(self.slowdown),
+            "utilization": self.busy_gpu_s / (self.gpus * span),
+            "makespan": span,
+            "makespan_lb": lower,
+            "worst_user_wait": max(per_user_wait.values()),
+            "jain_slowdown": jain,
+            "predicted_ok": self.predicted_ok / max(1, self.predicted_n),
+            "cycles": float(self.cycles),
+            "preemptions": float(self.preemptions),
+        }
+
+    def user_waits(self) -> dict[str, float]:
+        return {u: sum(x[0] for x in v) / len(v) for u, v in self.users.items()}
+
+
+def _pct(sorted_values: Sequence[float], p: float) -> float:
+    if not sorted_values:
+        return 0.0
+    pos = (len(sorted_values) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def cluster(hosts: int, gpus_per_host: int, name: str = "A100") -> list[GPU]:
+    return [GPU(i, f"sim-{h}-{i}", name, host=f"node{h:03d}") for h in range(hosts) for i in range(gpus_per_host)]
+
+
+def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_host: int,
+             name: str = "policy") -> Result:
+    """Replay `trace` on hosts x gpus_per_host GPUs under `policy`."""
+    gpus = cluster(hosts, gpus_per_host)
+    todo = sorted(trace, key=lambda t: (t.submit, t.id))
+    duration: dict[int, float] = {}
+    jobs: dict[int, Job] = {}
+    for t in todo:
+        g, d = t.gpus, t.duration
+        if g > gpus_per_host:
+            d, g = d * g / gpus_per_host, gpus_per_host
+        duration[t.id] = d
+        jobs[t.id] = Job(id=t.id, user=t.user, gpus=g, gpu_type=t.gpu_type, submitted_at=t.submit,
+                         time_limit_s=typical_limit(d), preemptible=False)
+    res = Result(name, len(todo), len(gpus))
+    res.work_gpu_s = sum(duration[i] * jobs[i].gpus for i in duration)
+    res.first_submit = todo[0].submit if todo else 0.0
+    pending: dict[int, Job] = {}
+    running: dict[int, Job] = {}
+    ends: list[tuple[float, int, int]] = []  # (end, job id, run number) for runs still valid
+    runs: dict[int, int] = {}
+    first_start: dict[int, float] = {}
+    predicted: dict[int, float | None] = {}
+    usage = Usage()
+    last_t = res.first_submit
+    i = 0
+    finished: dict[int, JobState] = {}
+    while i < len(todo) or ends:
+        t_sub = todo[i].submit if i < len(todo) else math.inf
+        t_end = ends[0][0] if ends else math.inf
+        now = min(t_sub, t_end)
+        fresh: list[int] = []
+        while ends and ends[0][0] <= now:
+            _, jid, run = heapq.heappop(ends)
+            if runs.get(jid) != run or jid not in running:
+                continue
+            job = running.pop(jid)
+            res.busy_gpu_s += (now - (job.started_at or now)) * job.gpus
+            finished[jid] = JobState.COMPLETED
+            _record(res, jobs[jid], first_start[jid], now, duration[jid])
+        while i < len(todo) and todo[i].submit <= now:
+            jid = todo[i].id
+            pending[jid] = jobs[jid]
+            fresh.append(jid)
+            i += 1
+        usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s)
+        last_t = now
+        if not pending:
+            continue
+        plan = schedule(now, list(pending.values()), list(running.values()), gpus, policy, usage, finished)
+        res.cycles += 1
+        for jid in fresh:
+            predicted[jid] = plan.expected_start.get(jid, now) if jid not in {s.job_id for s in plan.starts} else now
+        for p in plan.preemptions:
+            victim = running.pop(p.job_id, None)
+            if victim is None:
+                continue
+            res.preemptions += 1
+            res.busy_gpu_s += (now - (victim.started_at or now)) * victim.gpus
+            pending[victim.id] = replace(victim, state=JobState.PENDING, started_at=None, host=None,
+                                         assigned_gpus=(), borrowed=False, restarts=victim.restarts + 1)
+        for s in plan.starts:
+            job = pending.pop(s.job_id)
+            job = replace(job, state=JobState.RUNNING, started_at=now, host=s.host, assigned_gpus=s.gpus,
+                          borrowed=s.borrowed)
+            running[job.id] = job
+            first_start.setdefault(job.id, now)
+            runs[job.id] = runs.get(job.id, 0) + 1
+            heapq.heappush(ends, (now + duration[job.id], job.id, runs[job.id]))
+        if not plan.starts and not ends and i >= len(todo) and pending:
+            break  # nothing can ever start (e.g. a job wider than every host)
+    for jid, at in predicted.items():
+        if jid in first_start:
+            res.predicted_n += 1
+            wait = first_start[jid] - jobs[jid].submitted_at
+            if at is not None and abs(at - first_start[jid]) <= max(60.0, 0.1 * wait):
+                res.predicted_ok += 1
+    return res
+
+
+def _record(res: Result, job: Job, start: float, end: float, duration: float) -> None:
+    wait = start - job.submitted_at
+    res.wait.append(wait)
+    res.jct.append(end - job.submitted_at)
+    sd = max(1.0, (wait + duration) / max(duration, 10.0))
+    res.slowdown.append(sd)
+    res.users.setdefault(job.user, []).append((wait, sd))
+    res.last_end = max(res.last_end, end)
+
+
+def contention_cluster(trace: Sequence[TraceJob], gpus_per_host: int = 8, load: float = 0.9) -> int:
+    """Hosts so that the trace's mean GPU demand is `load` of the cluster (real contention)."""
+    if not trace:
+        return 1
+    span = max(1.0, max(t.submit for t in trace) - min(t.submit for t in trace))
+    demand = sum(t.duration * t.gpus for t in trace) / span
+    return max(1, round(demand / load / gpus_per_host))
