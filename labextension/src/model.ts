@@ -142,7 +142,10 @@ export class GPUJobsModel {
       this.backend = inventory.backend;
       this.queue = queue.jobs;
       this.quota = quota;
-      const fresh = jobs.jobs;
+      const fresh = jobs.jobs.map(job => {
+        const mine = this.myJobs.find(j => j.id === job.id);
+        return mine && FINAL_STATES.has(mine.state) && !FINAL_STATES.has(job.state) ? mine : job;
+      });
       for (const job of fresh) {
         this._noticeChange(job, null);
       }
@@ -173,28 +176,39 @@ export class GPUJobsModel {
       return;
     }
     const previous = this._known.get(job.id) ?? null;
-    this._known.set(job.id, job.state);
     if (event && event.state === 'WARNING') {
-      this._jobChanged.emit({
-        job,
-        previous,
-        state: 'WARNING',
-        reason: event.reason,
-        event
-      });
+      this._emitOnce({ job, previous, state: 'WARNING', reason: event.reason, event });
       return;
     }
+    // A REST answer that left before the websocket event is older news: never go back
+    // from a final state.
+    if (previous !== null && FINAL_STATES.has(previous) && !FINAL_STATES.has(job.state)) {
+      return;
+    }
+    this._known.set(job.id, job.state);
     // Jobs already there at the first load are history, not news.
     const isNew = previous === null && this._primed;
     if ((previous !== null && previous !== job.state) || (isNew && job.state !== 'PENDING')) {
-      this._jobChanged.emit({
+      this._emitOnce({
         job,
         previous,
         state: job.state,
-        reason: (event && event.reason) || job.reason || '',
+        reason: job.reason || (event && event.reason) || '',
         event
       });
     }
+  }
+
+  /** One notification per job and state (a requeued job may run again: keyed by start). */
+  private _emitOnce(change: IJobChange): void {
+    const key = `${change.job.id}:${change.state}:${change.job.started_at ?? ''}:${
+      change.state === 'WARNING' ? change.reason : ''
+    }`;
+    if (this._emitted.has(key)) {
+      return;
+    }
+    this._emitted.add(key);
+    this._jobChanged.emit(change);
   }
 
   private _onMessage(message: SocketMessage): void {
@@ -269,6 +283,7 @@ export class GPUJobsModel {
   private _changed = new Signal<this, void>(this);
   private _jobChanged = new Signal<this, IJobChange>(this);
   private _known = new Map<number, string>();
+  private _emitted = new Set<string>();
   private _primed = false;
   private _disposed = false;
   private _socket: WebSocket | null = null;

@@ -25,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: builds a wheel / fresh venvs; minutes")
 
 
+@pytest.fixture(autouse=True)
+def jp_asyncio_loop() -> Iterator[None]:
+    """pytest-jupyter's autouse loop fixture would close Playwright's running loop; these tests
+    talk to a server in another process and need no loop of their own."""
+    yield None
+
+
+@pytest.fixture(autouse=True)
+def jp_server_cleanup() -> Iterator[None]:
+    """No in-process server to clean up (see jp_asyncio_loop)."""
+    yield None
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")

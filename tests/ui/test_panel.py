@@ -97,8 +97,8 @@ def test_cli_job_appears_live_and_goes_queued_running_done(page: Any, lab: Lab, 
     open_panel(page)
     # Both A100s busy for a few seconds, so the CLI job has to wait its turn.
     blocker = client.submit(sleeper(4), gpus=2, time_limit="1m", name="blocker")
-    cli = [str(Path(sys.executable).with_name("jupyter")), "gpujobs", "submit", "--url", lab.url,
-           "--token", "", "-g", "1", "-t", "1m", "--name", "from-cli", "--",
+    cli = [str(Path(sys.executable).with_name("jupyter")), "gpujobs", "--url", lab.url, "--token", "",
+           "submit", "-g", "1", "-t", "1m", "--name", "from-cli", "--",
            sys.executable, "-c", "import time; time.sleep(3)"]
     out = subprocess.run(cli, env=lab.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -138,8 +138,8 @@ def test_pending_job_shows_queue_position_reason_and_expected_start(page: Any, c
     row = job_row(page, waiting["id"])
     row.wait_for(timeout=5000)
     wait_for(lambda: job_row(page, running["id"]).get_attribute("data-state") == "RUNNING", 15, "hog running")
-    text = wait_for(lambda: "starts" in row.inner_text() and row.inner_text(), 10, "the expected start")
-    assert "in queue" in text
+    text = wait_for(lambda: "in queue" in row.inner_text() and row.inner_text(), 10, "the queue position")
+    assert "starts" in text
     queue_row = panel.locator(f'.jp-GPUJobs-queue tr[data-job-id="{waiting["id"]}"]')
     queue_row.wait_for(timeout=5000)
     assert "1×any GPU" in queue_row.inner_text()
@@ -246,8 +246,11 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
 def test_notification_when_my_job_fails(page: Any, client: Any) -> None:
     open_panel(page)
     job = client.submit(sleeper(0.5, code=3), gpus=1, time_limit="1m", name="doomed")
-    toast = page.locator(".Toastify__toast", has_text=f"Job #{job['id']} doomed failed")
-    toast.wait_for(timeout=20000)
+    toasts = page.locator(".Toastify__toast", has_text=f"Job #{job['id']} doomed failed")
+    toasts.first.wait_for(timeout=20000)
+    page.wait_for_timeout(1500)  # the websocket event and the REST refresh both saw it: one toast
+    assert toasts.count() == 1, toasts.all_inner_texts()
+    toast = toasts.first
     final = client.job(job["id"])
     assert final["state"] == "FAILED"
     reason = final["reason"] or f"exit code {final['exit_code']}"
@@ -281,11 +284,11 @@ def test_screenshots_light_and_dark(page: Any, client: Any) -> None:
              30, "the short jobs to end")
     client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
     client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
+    panel = open_panel(page)
+    wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 15, "both GPUs busy")
     waiting = client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", priority="high",
                             name="sweep-lr")
-    panel = open_panel(page)
     job_row(page, waiting["id"]).wait_for(timeout=10000)
-    wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 15, "both GPUs busy")
     page.wait_for_timeout(3500)  # a few seconds of elapsed time and a utilization sample
     page.evaluate("document.querySelectorAll('.Toastify__toast').forEach(t => t.remove())")
     light = screenshot(page, "panel-light", panel)
