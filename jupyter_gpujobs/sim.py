@@ -167,7 +167,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             if runs.get(jid) != run or jid not in running:
                 continue
             job = running.pop(jid)
-            res.busy_gpu_s += (now - (job.started_at or now)) * job.gpus
+            res.busy_gpu_s += (now - _started(job, now)) * job.gpus
             finished[jid] = JobState.COMPLETED
             _record(res, jobs[jid], first_start[jid], now, duration[jid])
         while i < len(todo) and todo[i].submit <= now:
@@ -188,7 +188,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             if victim is None:
                 continue
             res.preemptions += 1
-            res.busy_gpu_s += (now - (victim.started_at or now)) * victim.gpus
+            res.busy_gpu_s += (now - _started(victim, now)) * victim.gpus
             pending[victim.id] = replace(victim, state=JobState.PENDING, started_at=None, host=None,
                                          assigned_gpus=(), borrowed=False, restarts=victim.restarts + 1)
         for s in plan.starts:
@@ -208,6 +208,10 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             if at is not None and abs(at - first_start[jid]) <= max(60.0, 0.1 * wait):
                 res.predicted_ok += 1
     return res
+
+
+def _started(job: Job, now: float) -> float:
+    return now if job.started_at is None else job.started_at
 
 
 def _record(res: Result, job: Job, start: float, end: float, duration: float) -> None:

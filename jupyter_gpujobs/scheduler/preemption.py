@@ -35,7 +35,7 @@ def choose_victims(now: float, preemptor: Job, k: int, candidates: dict[int, lis
     for p, jobs in candidates.items():
         have = free_usable.get(p, 0)
         allowed = sorted((j for j in jobs if may_preempt(j, preemptor, urgent)),
-                         key=lambda j: ((now - (j.started_at or now)) * len(j.assigned_gpus), j.id))
+                         key=lambda j: ((now - (now if j.started_at is None else j.started_at)) * len(j.assigned_gpus), j.id))
         chosen: list[Job] = []
         lost = 0.0
         for j in allowed:
@@ -43,7 +43,7 @@ def choose_victims(now: float, preemptor: Job, k: int, candidates: dict[int, lis
                 break
             chosen.append(j)
             have += len(j.assigned_gpus)
-            lost += (now - (j.started_at or now)) * len(j.assigned_gpus)
+            lost += (now - (now if j.started_at is None else j.started_at)) * len(j.assigned_gpus)
         if have >= k and chosen and (best is None or lost < best[0]):
             best = (lost, p, chosen)
     return None if best is None else (best[1], best[2])
