@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -283,7 +284,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                               f" (position {job['position']})" if job.get("position") else "", job.get("reason"))
             sleep = interval if deadline is None else max(0.0, min(interval, deadline - now))
             await asyncio.sleep(sleep)
-            interval = min(interval * 1.5, 1.0)
+            interval = min(interval * 1.5, 0.5)
             try:
                 job = await client.job(job["id"])
             except GPUJobsError as err:
@@ -614,15 +615,15 @@ async def reconcile_kernel_jobs(client: AsyncGPUJobsClient) -> tuple[list[int], 
     return ended, undecided
 
 
-def start_reconciler(delay: float = 1.0, retries: int = 6, interval: float = 5.0) -> asyncio.Task[Any] | None:
+def start_reconciler(log: logging.Logger | logging.LoggerAdapter[Any] | None = None, delay: float = 1.0,
+                     retries: int = 6, interval: float = 5.0) -> asyncio.Task[Any] | None:
     """From the server extension's start: end stale kernel jobs once the server answers."""
     if not os.environ.get("GPUJOBS_URL"):
         return None
+    logger = log or logging.getLogger("jupyter_gpujobs")
 
     async def run() -> None:
-        import logging
-
-        log = logging.getLogger("jupyter_gpujobs")
+        log = logger
         await asyncio.sleep(delay)
         async with AsyncGPUJobsClient(os.environ["GPUJOBS_URL"], os.environ.get("GPUJOBS_TOKEN", ""),
                                       timeout=10.0) as client:

@@ -96,7 +96,7 @@ class GPUJobsApp(ExtensionApp):
             await self.monitor.start()
         from ..provisioner import start_reconciler
 
-        start_reconciler()  # end the jobs of GPU kernels that did not survive a restart
+        start_reconciler(self.log)  # end the jobs of GPU kernels that did not survive a restart
 
     async def stop_extension(self) -> None:
         if self.service is not None:
