@@ -317,12 +317,35 @@ function MyJobs(props: {
       </div>
     );
   }
+  return <JobList {...props} />;
+}
+
+const RECENT_FINISHED = 5;
+
+/** All active jobs, then the few most recent finished ones (the rest behind a toggle). */
+function JobList(props: {
+  jobs: IJob[];
+  now: number;
+  actions: IPanelActions;
+}): React.ReactElement {
+  const [all, setAll] = React.useState(false);
+  const active = props.jobs.filter(j => !FINAL_STATES.has(j.state));
+  const finished = props.jobs.filter(j => FINAL_STATES.has(j.state));
+  const shown = all ? finished : finished.slice(0, RECENT_FINISHED);
+  const hidden = finished.length - shown.length;
   return (
-    <ul className="jp-GPUJobs-jobs">
-      {props.jobs.map(job => (
-        <JobRow key={job.id} job={job} now={props.now} actions={props.actions} />
-      ))}
-    </ul>
+    <>
+      <ul className="jp-GPUJobs-jobs">
+        {[...active, ...shown].map(job => (
+          <JobRow key={job.id} job={job} now={props.now} actions={props.actions} />
+        ))}
+      </ul>
+      {(hidden > 0 || all) && finished.length > RECENT_FINISHED && (
+        <button className="jp-GPUJobs-more" onClick={() => setAll(!all)}>
+          {all ? 'Show fewer finished jobs' : `Show ${hidden} older finished job${hidden === 1 ? '' : 's'}`}
+        </button>
+      )}
+    </>
   );
 }
 
@@ -520,6 +543,7 @@ function Quota(props: { quota: IQuota | null }): React.ReactElement {
         max={gpuMax}
         limitText={q.max_gpus !== null && q.max_gpus !== undefined ? `limit ${q.max_gpus}` : 'no limit'}
         guarantee={q.guaranteed_gpus}
+        borrowed={q.borrowed_gpus > 0}
         name="gpus"
       />
       <QuotaBar
@@ -549,11 +573,12 @@ function QuotaBar(props: {
   max: number;
   limitText: string;
   guarantee?: number;
+  borrowed?: boolean;
   name: string;
 }): React.ReactElement {
   const max = Math.max(props.max, 1);
   const fraction = Math.min(1, props.value / max);
-  const over = props.guarantee !== undefined && props.value > props.guarantee;
+  const over = !!props.borrowed;
   return (
     <div className={`jp-GPUJobs-quotaRow jp-GPUJobs-quota-${props.name}`}>
       <div className="jp-GPUJobs-quotaLabel">

@@ -35,6 +35,14 @@ def sleeper(seconds: float, code: int = 0) -> list[str]:
     return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({code})"]
 
 
+def burner(seconds: float, share: float) -> list[str]:
+    """Busy `share` of the time: fake GPUs show the CPU use of their jobs as utilization."""
+    code = (f"import time\nend = time.time() + {seconds}\n"
+            f"while time.time() < end:\n    t = time.time() + {share} * 0.1\n"
+            f"    while time.time() < t: pass\n    time.sleep({1 - share} * 0.1)")
+    return [sys.executable, "-c", code]
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -282,14 +290,15 @@ def test_screenshots_light_and_dark(page: Any, client: Any) -> None:
     failed = client.submit(sleeper(0.5, code=2), gpus=1, time_limit="10m", name="bad-config")
     wait_for(lambda: client.job(failed["id"])["state"] in FINAL and client.job(done["id"])["state"] in FINAL,
              30, "the short jobs to end")
-    client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
-    client.submit(sleeper(300), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
+    client.submit(burner(300, 0.8), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
+    client.submit(burner(300, 0.35), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
+    page.set_viewport_size({"width": 1400, "height": 1400})
     panel = open_panel(page)
     wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 15, "both GPUs busy")
     waiting = client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", priority="high",
                             name="sweep-lr")
     job_row(page, waiting["id"]).wait_for(timeout=10000)
-    page.wait_for_timeout(3500)  # a few seconds of elapsed time and a utilization sample
+    page.wait_for_timeout(8000)  # some elapsed time and a few utilization samples
     page.evaluate("document.querySelectorAll('.Toastify__toast').forEach(t => t.remove())")
     light = screenshot(page, "panel-light", panel)
     screenshot(page, "lab-light")
