@@ -155,6 +155,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     _keep_record = False  # its end could not be reported: leave the record for reconciliation
     _inherited = False  # started inside a job that already holds GPUs: no queueing
     _idle_since = 0.0
+    _deadline: float | None = None  # epoch seconds of the job's time limit
+    _pending_end: tuple[str, str] | None = None  # how cleanup() ends the job (idle, time limit)
     _fake_gpus = False
 
     # ================================================================= settings
@@ -206,6 +208,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             return await super().pre_launch(**kwargs)
         settings = self._settings()
         job = await self._allocation(settings)
+        self._remember(job)
         kwargs = await super().pre_launch(**kwargs)
         kwargs["env"].update(await self._gpu_env(job))
         return kwargs
@@ -292,6 +295,11 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                     raise GPUKernelStartError(f"GPU kernel job {job['id']} disappeared from the queue") from None
                 self.log.warning("gpujobs: cannot read kernel job %s (%s); retrying", job["id"], err.message)
 
+    def _remember(self, job: dict[str, Any]) -> None:
+        started, limit = job.get("started_at"), job.get("time_limit_s")
+        self._deadline = float(started) + float(limit) if started and limit else None
+        self._pending_end = None
+
     async def _gpu_env(self, job: dict[str, Any]) -> dict[str, str]:
         indices = ",".join(str(i) for i in job["assigned_gpus"])
         env = {
@@ -359,7 +367,10 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         settings = self._settings()
         idle_timeout = settings["idle_timeout"]
         while True:
-            await asyncio.sleep(self.poll_interval)
+            pause = self.poll_interval
+            if self._deadline is not None:
+                pause = max(0.0, min(pause, self._deadline - time.time()))
+            await asyncio.sleep(pause)
             if self._stopping or self.job_id is None:
                 return
             exited, rc = self._exit_status()
@@ -372,6 +383,14 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             except (GPUJobsError, GPUKernelStartError) as err:
                 self.log.debug("gpujobs: cannot read kernel job %s: %s", self.job_id, err)
                 continue
+            if self._deadline is not None and time.time() >= self._deadline and job["state"] == "RUNNING":
+                # stop the kernel at its limit rather than one engine tick and one poll later
+                reason = f"time limit of {format_duration(job['time_limit_s'])} reached"
+                self.log.warning("gpujobs: kernel %s: %s; shutting it down and releasing GPU job %s",
+                                 self.kernel_id, reason, self.job_id)
+                self._pending_end = ("TIMEOUT", reason)
+                _spawn(self._shutdown_kernel())
+                return
             if job["state"] in FINAL_STATES:
                 self._job_final = True
                 self.log.warning("gpujobs: kernel %s: its GPU job %s ended (%s: %s); shutting the kernel down",
@@ -380,9 +399,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 return
             if idle_timeout and await self._idle_for(client, idle_timeout):
                 reason = f"idle for {human_duration(idle_timeout)}"
-                self.log.warning("gpujobs: kernel %s %s; releasing GPU job %s and shutting the kernel down",
+                self.log.warning("gpujobs: kernel %s %s; shutting it down and releasing GPU job %s",
                                  self.kernel_id, reason, self.job_id)
-                await self._end("CANCELLED", reason)
+                self._pending_end = ("CANCELLED", reason)  # ended once the process is gone
                 _spawn(self._shutdown_kernel())
                 return
 
@@ -494,7 +513,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Release the GPUs, unless this is the first half of a restart (which keeps them)."""
         await self._stop_watcher()
         if not restart:
-            await self._end("COMPLETED", "kernel shut down")
+            await self._end(*(self._pending_end or ("COMPLETED", "kernel shut down")))
             self._forget_job()
             _LIVE.discard(self)
             if self._client is not None:
@@ -533,6 +552,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             _spawn(self._shutdown_kernel())
             return
         self._write_state(kernel_pid=self.pid)
+        self._remember(job)
         self._idle_since = time.time()
         self._start_watcher()
 
