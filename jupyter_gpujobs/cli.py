@@ -4,6 +4,7 @@
     jupyter gpujobs queue | list | show ID | cancel ID | log -f ID | gpus | quota
     jupyter gpujobs run-notebook NB.ipynb -g 1 -t 2h -p alpha=0.1
     jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h
+    jupyter gpujobs usage --since 30d --by group | usage --heatmap | findings
 
 Errors are one line on stderr and a non-zero exit (2 for a wrong command line, 1 for an
 answer of the engine).
@@ -176,6 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
     qt.add_argument("--clear", metavar="SCOPE:NAME", help="admins: remove a quota set through the API")
     qt.add_argument("--json", action="store_true")
 
+    us = sub.add_parser("usage", help="GPU-hours by user, group or GPU model (--heatmap: utilization by "
+                        "weekday and hour)")
+    us.add_argument("--since", default="7d", help="start: a date (2026-03-01), epoch seconds or a duration "
+                    "before now such as 30d (default 7d)")
+    us.add_argument("--until", help="end, same forms (default: now)")
+    us.add_argument("--by", choices=["user", "group", "model"], default="user")
+    us.add_argument("--heatmap", action="store_true", help="utilization by weekday x hour of day, as a grid")
+    us.add_argument("--json", action="store_true")
+    fd = sub.add_parser("findings", help="what the monitor found: out of memory, repeated failures, idle GPUs, "
+                        "GPU errors, rogue processes")
+    fd.add_argument("--kind", help="oom, repeated_failure, idle_hog, gpu_errors, gpu_drained, rogue_process")
+    fd.add_argument("--job", type=int, help="only this job's findings")
+    fd.add_argument("--all", action="store_true", help="closed findings too (default: open ones)")
+    fd.add_argument("--json", action="store_true")
+
     ks = sub.add_parser("kernelspec", help="install GPU kernelspecs")
     ks_sub = ks.add_subparsers(dest="ks_cmd", metavar="ACTION", parser_class=_Parser)
     ki = ks_sub.add_parser("install", help="write a kernelspec whose kernels queue for GPUs")
@@ -321,6 +337,8 @@ def run(argv: Sequence[str]) -> int:
         print(json.dumps(gpus, indent=2) if args.json else (format_gpus(gpus) if gpus else "no GPUs on this server"))
     elif args.cmd == "quota":
         return _quota(client, args)
+    elif args.cmd in ("usage", "findings"):
+        return _monitor_command(client, args, now)
     return 0
 
 
@@ -357,6 +375,26 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
         gq = g.get("quota") or {}
         print(f"  group {name}: {g['running_gpus']} GPUs running (guaranteed {gq.get('guaranteed_gpus', 0)}, "
               f"max {lim(gq.get('max_gpus'))})")
+    return 0
+
+
+def _monitor_command(client: GPUJobsClient, args: argparse.Namespace, now: float) -> int:
+    """`usage` and `findings`, through the monitor's endpoints."""
+    from .monitor.text import format_findings, format_heatmap, format_usage
+
+    if args.cmd == "findings":
+        params = {"kind": args.kind, "job": args.job, "open": None if args.all else "1"}
+        found = client.api("GET", "findings", params={k: v for k, v in params.items() if v is not None})["findings"]
+        print(json.dumps(found, indent=2) if args.json else (format_findings(found, now) if found else "no findings"))
+        return 0
+    params = {"since": args.since, "until": args.until}
+    params = {k: v for k, v in params.items() if v is not None}
+    if args.heatmap:
+        report = client.api("GET", "usage/heatmap", params=params)
+        print(json.dumps(report, indent=2) if args.json else format_heatmap(report))
+    else:
+        report = client.api("GET", "usage", params={**params, "by": args.by})
+        print(json.dumps(report, indent=2) if args.json else format_usage(report))
     return 0
 
 

@@ -238,6 +238,7 @@ class ProcessInfo:
     used_memory_mb: int | None = None
     create_time: float | None = None
     ignored: bool = False  # e.g. a display server the admin listed in rogue_ignore
+    unresolved: bool = False  # the pid is not visible here (gone, or another pid namespace)
 
 
 def detect_rogues(host: str, processes: Iterable[ProcessInfo], allocated: Mapping[int, Job],
@@ -250,8 +251,8 @@ def detect_rogues(host: str, processes: Iterable[ProcessInfo], allocated: Mappin
         if p.ignored:
             continue
         holder = allocated.get(p.gpu_index)
-        if holder is not None and p.owner_job == holder.id:
-            continue
+        if holder is not None and (p.owner_job == holder.id or p.unresolved):
+            continue  # the holder's own process (or one that cannot be told apart from it)
         extras = [x for x in (p.name, f"user {p.user}" if p.user else "") if x]
         who = f"process {p.pid}" + (f" ({', '.join(extras)})" if extras else "")
         gpu = f"GPU {p.gpu_index}" + (f" ({names[p.gpu_index]})" if p.gpu_index in names else "")

@@ -151,8 +151,7 @@ class MetricsHandler(MonitorHandler):
     @authorized
     async def get(self) -> None:
         body, content_type = self.monitor.metrics()
-        self.set_header("Content-Type", content_type)
-        self.finish(body)
+        self.finish(body, set_content_type=content_type)  # APIHandler would say JSON otherwise
 
 
 _ID = r"(?P<job_id>[^/]+)"

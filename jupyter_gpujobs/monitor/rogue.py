@@ -68,8 +68,14 @@ class ProcessResolver:
                 try:
                     proc = psutil.Process(gp.pid)
                     create_time = proc.create_time()
+                except psutil.NoSuchProcess:
+                    # gone since the backend listed it, or (in a container) a pid of another
+                    # pid namespace: whose it is cannot be told from here
+                    out.append(ProcessInfo(pid=gp.pid, gpu_index=index, owner_job=None,
+                                           used_memory_mb=gp.used_memory_mb, unresolved=True))
+                    continue
                 except psutil.Error:
-                    continue  # gone since the backend listed it
+                    continue
                 env_job, user, name = self._static_info(proc, create_time)
                 owner = self._tree_owner(proc, supervisors)
                 if owner is None:
@@ -111,6 +117,8 @@ class RogueKiller:
 
     def kill(self, info: ProcessInfo, protected: set[int]) -> str:
         """Stop `info`'s process; returns what was done ("terminated", "killed", or why not)."""
+        if info.unresolved:
+            return "not killed: the process is not visible from the engine"
         if info.pid in protected or info.pid == os.getpid():
             return "not killed: protected process"
         key = (info.pid, info.create_time or 0.0)

@@ -1,7 +1,6 @@
 """Usage reports: GPU-hours by user, group or GPU model over a time range (from the
 allocations and jobs tables), and a utilization heatmap by weekday x hour of local time
-(from the stored GPU samples). Also their text forms for `jupyter gpujobs usage` (tables and
-a grid of shading characters), which need no store and are imported by the CLI.
+(from the stored GPU samples). Their text forms for `jupyter gpujobs usage` are in text.py.
 
 GPU-hours count every allocated GPU from its allocation to its release (or to `until` /
 now for one still held), clipped to the range. A heatmap cell is the mean utilization of
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
 
 BY = ("user", "group", "model")
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-SHADES = " ░▒▓█"  # 0-20, 20-40, 40-60, 60-80, 80-100 %
 
 
 def parse_time(value: str | float | None, now: float, field: str, default: float) -> float:
@@ -105,45 +103,4 @@ def heatmap_report(store: Store, since: float, until: float) -> dict[str, Any]:
             "weekdays": list(WEEKDAYS), "hours": list(range(24)), "utilization": cells, "samples": count}
 
 
-# ----------------------------------------------------------------------------- text
-
-
-def format_usage(report: dict[str, Any]) -> str:
-    """The usage report as a terminal table."""
-    by = report["by"].upper()
-    rows = report["rows"]
-    total = report["total_gpu_hours"] or 0.0
-    lines = [f"GPU-hours by {report['by']}, {_stamp(report['since'])} - {_stamp(report['until'])}"]
-    width = max([len(by)] + [len(str(r["key"])) for r in rows])
-    lines.append(f"{by:<{width}}  {'GPU-HOURS':>10}  {'SHARE':>6}  {'JOBS':>5}")
-    for r in rows:
-        share = r["gpu_hours"] / total if total else 0.0
-        lines.append(f"{str(r['key']):<{width}}  {r['gpu_hours']:>10.2f}  {share:>6.1%}  {r['jobs']:>5}")
-    lines.append(f"{'total':<{width}}  {total:>10.2f}")
-    return "\n".join(lines)
-
-
-def shade(value: float | None) -> str:
-    if value is None:
-        return "·"
-    return SHADES[min(len(SHADES) - 1, int(max(0.0, value) / 20.0))]
-
-
-def format_heatmap(report: dict[str, Any]) -> str:
-    """The heatmap as a grid: weekdays down, local hours across, two shading characters a cell."""
-    lines = [f"GPU utilization by weekday and hour ({report.get('timezone') or 'local'}), "
-             f"{_stamp(report['since'])} - {_stamp(report['until'])}"]
-    lines.append("     " + "".join(f"{h:<2}" if h % 3 == 0 else "  " for h in range(24)))
-    for name, row in zip(report["weekdays"], report["utilization"]):
-        lines.append(f"{name}  " + "".join(shade(v) * 2 for v in row))
-    lines.append("     " + "  ".join(f"{SHADES[i]} {i * 20}-{i * 20 + 20}%" if i else "' ' 0-20%"
-                                     for i in range(len(SHADES))) + "  · no data")
-    return "\n".join(lines)
-
-
-def _stamp(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
-
-
-__all__ = ["BY", "WEEKDAYS", "format_heatmap", "format_usage", "heatmap_report", "parse_time", "shade",
-           "time_range", "usage_report"]
+__all__ = ["BY", "WEEKDAYS", "heatmap_report", "parse_time", "time_range", "usage_report"]

@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# gpu-check.sh: one prepared check of jupyter-gpujobs on a machine with a real NVIDIA GPU
+# (and possibly no network). Never run in CI: it needs a GPU and takes a few minutes.
+#
+#   scripts/gpu-check.sh [--wheels DIR] [--python PYTHON] [--keep] [--dry-run]
+#
+# It creates a virtual environment (with --system-site-packages, so a PyTorch that the
+# machine already has is used), installs the project into it (offline from DIR when
+# --wheels is given), starts a Jupyter server with the extension on the NVML backend, and
+# prints one line per check, "PASS|FAIL|SKIP <name> <detail>", then a summary line. It exits
+# 1 when a check failed. The whole run is bounded to under 5 minutes.
+#
+# Checks:
+#   inventory        the NVML inventory (GET gpus) matches
+#                    nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader
+#   torch-visible    a PyTorch job sees exactly its GPU: device_count()==1, its UUID matches
+#   samples-rise     utilization and memory samples rise while a matmul loop runs
+#   oom              a job allocating more GPU memory than exists ends FAILED, "out of memory"
+#   time-limit-frees a job killed at its time limit gives its GPU memory back (nvidia-smi)
+#   rogue            a process started outside the queue on a GPU is reported as rogue
+# The checks that need PyTorch are SKIPped when it cannot be imported.
+#
+# Preparing DIR on a machine with network (same OS, CPU architecture and Python minor
+# version as the GPU machine), from the repository root:
+#   python -m pip wheel --wheel-dir DIR .          # the project's wheel and every dependency
+#   python -m pip download --dest DIR torch         # optional, large: only if the GPU machine
+#                                                   # has no PyTorch of its own
+# then copy DIR (and this repository) to the GPU machine and run
+#   scripts/gpu-check.sh --wheels DIR
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WHEELS=""
+PYTHON="${PYTHON:-python3}"
+KEEP=0
+DRY=0
+TOTAL_LIMIT=285 # seconds for the checks themselves; set-up comes on top of start-up time
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) WHEELS="${2:-}"; shift 2 ;;
+    --wheels=*) WHEELS="${1#--wheels=}"; shift ;;
+    --python) PYTHON="${2:-}"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu-check: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+CHECKS=(
+  "inventory|NVML inventory (GET gpus) == nvidia-smi --query-gpu=index,uuid,name,memory.total"
+  "torch-visible|a 1-GPU PyTorch job: torch.cuda.device_count()==1 and its UUID is the allocated GPU's"
+  "samples-rise|a 1-GPU matmul loop: job stats and GPU samples show utilization and memory rising"
+  "oom|a job allocating 1.5x the GPU's memory ends FAILED with reason 'out of memory' (and an oom finding)"
+  "time-limit-frees|a job holding GPU memory with a 10s time limit ends TIMEOUT; nvidia-smi shows the memory freed"
+  "rogue|a process started outside the queue on a GPU appears in GET findings?kind=rogue_process"
+)
+
+if [ "$DRY" = 1 ]; then
+  echo "gpu-check dry run: repository $REPO"
+  echo "  venv:    $PYTHON -m venv --system-site-packages WORK/venv"
+  if [ -n "$WHEELS" ]; then
+    echo "  install: pip install --no-index --find-links $WHEELS jupyter-gpujobs (or the source tree)"
+  else
+    echo "  install: pip install $REPO (needs network)"
+  fi
+  echo "  server:  jupyter server without GPUJOBS_FAKE_GPUS (NVML backend), --GPUJobs.sample_interval=1"
+  for c in "${CHECKS[@]}"; do
+    printf '  check %-17s %s\n' "${c%%|*}" "${c#*|}"
+  done
+  exit 0
+fi
+
+START=$(date +%s)
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "FAIL setup nvidia-smi not found: this script needs a machine with an NVIDIA GPU and driver"
+  echo "SUMMARY 0 passed, 1 failed, 0 skipped"
+  exit 1
+fi
+if [ -n "$WHEELS" ] && [ ! -d "$WHEELS" ]; then
+  echo "FAIL setup --wheels $WHEELS is not a directory"
+  echo "SUMMARY 0 passed, 1 failed, 0 skipped"
+  exit 1
+fi
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpujobs-check.XXXXXX")"
+SERVER_PID=""
+cleanup() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -INT "$SERVER_PID" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$SERVER_PID" 2>/dev/null
+  fi
+  # job supervisors run in their own sessions; stop any this run left
+  pkill -KILL -f "$WORK/state/run" 2>/dev/null || true
+  if [ "$KEEP" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+echo "gpu-check: work dir $WORK"
+"$PYTHON" -m venv --system-site-packages "$WORK/venv" || { echo "FAIL setup venv: $PYTHON -m venv failed"; exit 1; }
+VPY="$WORK/venv/bin/python"
+PIP=("$VPY" -m pip install --quiet --disable-pip-version-check)
+if [ -n "$WHEELS" ]; then
+  WHEEL_DIR="$(cd "$WHEELS" && pwd)"
+  if ls "$WHEEL_DIR"/jupyter_gpujobs-*.whl >/dev/null 2>&1; then
+    TARGET="jupyter-gpujobs"
+  else
+    TARGET="$REPO"
+  fi
+  "${PIP[@]}" --no-index --find-links "$WHEEL_DIR" "$TARGET" >"$WORK/pip.log" 2>&1 \
+    || { echo "FAIL setup offline install from $WHEEL_DIR failed (see below)"; tail -20 "$WORK/pip.log"; exit 1; }
+else
+  "${PIP[@]}" "$REPO" >"$WORK/pip.log" 2>&1 \
+    || { echo "FAIL setup install of $REPO failed (see below)"; tail -20 "$WORK/pip.log"; exit 1; }
+fi
+echo "gpu-check: installed in $(( $(date +%s) - START ))s"
+
+PORT="$("$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+TOKEN="gpu-check-$RANDOM$RANDOM"
+mkdir -p "$WORK/root" "$WORK/state" "$WORK/home"
+env -u GPUJOBS_FAKE_GPUS -u GPUJOBS_URL -u GPUJOBS_TOKEN \
+  JUPYTER_CONFIG_DIR="$WORK/home/config" JUPYTER_DATA_DIR="$WORK/home/data" JUPYTER_RUNTIME_DIR="$WORK/home/runtime" \
+  "$VPY" -m jupyter_server --no-browser --ip=127.0.0.1 --port="$PORT" --port-retries=0 \
+  --IdentityProvider.token="$TOKEN" --ServerApp.root_dir="$WORK/root" \
+  --ServerApp.jpserver_extensions=jupyter_gpujobs=True --GPUJobs.state_dir="$WORK/state" \
+  --GPUJobs.sample_interval=1 --GPUJobs.kill_grace=2 --GPUJobs.tick_interval=0.5 \
+  --allow-root >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+
+cat >"$WORK/check.py" <<'PYEOF'
+"""The checks of gpu-check.sh, against a running server: one line per check."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+URL, TOKEN, PY, DEADLINE = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+API = URL + "gpujobs/api/"
+H = {"Authorization": f"token {TOKEN}"}
+results = []
+
+
+def report(status, name, detail):
+    results.append(status)
+    print(f"{status} {name} {detail}", flush=True)
+
+
+def call(method, path, **kw):
+    r = httpx.request(method, API + path, headers=H, timeout=30, **kw)
+    r.raise_for_status()
+    return r.json()
+
+
+def smi(*args):
+    return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30).stdout
+
+
+def used_mb(index):
+    out = smi(f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits").strip()
+    return float(out.splitlines()[0]) if out else float("nan")
+
+
+def submit(code, **extra):
+    body = {"command": [PY, "-c", code], "gpus": 1, "time_limit": "2m", "name": "gpu-check", **extra}
+    return call("POST", "jobs", json=body)
+
+
+def wait(job_id, states, timeout):
+    end = min(time.time() + timeout, DEADLINE)
+    while True:
+        job = call("GET", f"jobs/{job_id}")
+        if job["state"] in states or time.time() > end:
+            return job
+        time.sleep(0.5)
+
+
+def log(job_id):
+    return call("GET", f"jobs/{job_id}/log", params={"offset": 0})["data"]
+
+
+def left():
+    return DEADLINE - time.time()
+
+
+def main():
+    # ---- the server answers on the NVML backend
+    end = time.time() + 60
+    while True:
+        try:
+            gpus = call("GET", "gpus")
+            break
+        except Exception as err:
+            if time.time() > end:
+                report("FAIL", "server", f"no answer from {URL} within 60s: {err}")
+                return
+            time.sleep(0.5)
+    if gpus["backend"] != "nvml":
+        report("FAIL", "server", f"backend is {gpus['backend']!r}, not nvml (see the server log)")
+        return
+    api_gpus = sorted(gpus["gpus"], key=lambda g: g["index"])
+
+    # ---- inventory
+    rows = [r.split(", ") for r in smi("--query-gpu=index,uuid,name,memory.total",
+                                          "--format=csv,noheader,nounits").strip().splitlines()]
+    want = [(int(i), u.strip(), n.strip(), float(m)) for i, u, n, m in rows]
+    got = [(g["index"], g["uuid"], g["name"], float(g["memory_total_mb"])) for g in api_gpus]
+    same = len(want) == len(got) and all(
+        w[:3] == g[:3] and abs(w[3] - g[3]) <= max(2.0, 0.01 * w[3]) for w, g in zip(want, got))
+    report("PASS" if same else "FAIL", "inventory",
+           f"{len(got)} GPU(s): {', '.join(f'{g[0]}:{g[2]}' for g in got)}" if same
+           else f"nvidia-smi {want} != API {got}")
+
+    has_torch = subprocess.run([PY, "-c", "import torch; assert torch.cuda.is_available()"],
+                               capture_output=True, timeout=120).returncode == 0
+    torch_checks = ("torch-visible", "samples-rise", "oom", "time-limit-frees", "rogue")
+    if not has_torch:
+        for name in torch_checks:
+            report("SKIP", name, "PyTorch with CUDA is not importable in the venv (install it, or pass its wheel)")
+        return
+    uuid_of = {g["index"]: g["uuid"] for g in api_gpus}
+
+    # ---- torch-visible
+    job = submit("import json, os, torch\n"
+                 "p = torch.cuda.get_device_properties(0)\n"
+                 "print('RESULT ' + json.dumps({'n': torch.cuda.device_count(), 'uuid': str(getattr(p, 'uuid', '')),"
+                 " 'env': os.environ.get('CUDA_VISIBLE_DEVICES')}))")
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST", "CANCELLED"), 90)
+    line = next((x for x in log(job["id"]).splitlines() if x.startswith("RESULT ")), None)
+    if end_job["state"] != "COMPLETED" or line is None:
+        report("FAIL", "torch-visible", f"job ended {end_job['state']}: {end_job['reason']}")
+    else:
+        seen = json.loads(line[7:])
+        index = end_job["assigned_gpus"][0]
+        want_uuid = uuid_of[index].lower().removeprefix("gpu-")
+        got_uuid = seen["uuid"].lower().removeprefix("gpu-")
+        ok = seen["n"] == 1 and (not got_uuid or got_uuid == want_uuid)
+        report("PASS" if ok else "FAIL", "torch-visible",
+               f"device_count={seen['n']}, uuid {got_uuid or '(torch too old to say)'} vs GPU {index} {want_uuid}")
+
+    # ---- samples-rise
+    job = submit("import time, torch\n"
+                 "a = torch.randn(8192, 8192, device='cuda')\n"
+                 "hold = torch.empty(int(1.5 * 2**30), dtype=torch.uint8, device='cuda')\n"
+                 "end = time.time() + 15\n"
+                 "while time.time() < end:\n"
+                 "    b = a @ a\n"
+                 "    torch.cuda.synchronize()\n")
+    running = wait(job["id"], ("RUNNING", "COMPLETED", "FAILED"), 60)
+    index = (running.get("assigned_gpus") or [0])[0]
+    t0 = running.get("started_at") or time.time()
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST"), 60)
+    time.sleep(1.5)
+    stats = call("GET", f"jobs/{job['id']}/stats")
+    samples = call("GET", "gpus/samples", params={"gpu": index, "since": t0 - 10, "resolution": 0})["samples"]
+    before = [s for s in samples if s["time"] < t0]
+    during = [s for s in samples if t0 <= s["time"] <= (end_job.get("ended_at") or time.time())]
+    base_mem = min((s["memory_used_mb"] or 0) for s in before) if before else 0
+    peak_util = max((s["utilization"] or 0) for s in during) if during else 0
+    peak_mem = max((s["memory_used_mb"] or 0) for s in during) if during else 0
+    ok = (end_job["state"] == "COMPLETED" and peak_util >= 30 and peak_mem - base_mem >= 1000
+          and (stats["utilization_max"] or 0) >= 30 and (stats["memory_max_mb"] or 0) >= 1000)
+    report("PASS" if ok else "FAIL", "samples-rise",
+           f"GPU {index}: utilization up to {peak_util:.0f}%, memory {base_mem:.0f} -> {peak_mem:.0f} MB "
+           f"({len(during)} samples); job stats util max {stats['utilization_max']}%, "
+           f"memory max {stats['memory_max_mb']} MB; job {end_job['state']}")
+
+    # ---- oom
+    job = submit("import torch\n"
+                 "total = torch.cuda.get_device_properties(0).total_memory\n"
+                 "x = torch.empty(int(total * 1.5), dtype=torch.uint8, device='cuda')\n")
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST"), 90)
+    time.sleep(1.0)
+    oom = call("GET", "findings", params={"kind": "oom", "job": job["id"]})["findings"]
+    ok = end_job["state"] == "FAILED" and "out of memory" in (end_job["reason"] or "")
+    report("PASS" if ok else "FAIL", "oom",
+           f"job {end_job['state']}: {end_job['reason']!r}; oom finding: {'yes' if oom else 'no'}")
+
+    # ---- time-limit-frees
+    job = submit("import time, torch\n"
+                 "hold = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda')\n"
+                 "torch.cuda.synchronize()\n"
+                 "print('holding', flush=True)\n"
+                 "time.sleep(600)\n", time_limit="10s")
+    running = wait(job["id"], ("RUNNING",), 30)
+    index = (running.get("assigned_gpus") or [0])[0]
+    held = 0.0
+    for _ in range(40):
+        if "holding" in log(job["id"]):
+            held = used_mb(index)
+            break
+        time.sleep(0.5)
+    end_job = wait(job["id"], ("TIMEOUT", "COMPLETED", "FAILED", "LOST", "CANCELLED"), 40)
+    freed = used_mb(index)
+    for _ in range(20):
+        if freed < held - 1500:
+            break
+        time.sleep(0.5)
+        freed = used_mb(index)
+    apps = smi(f"--id={index}", "--query-compute-apps=pid", "--format=csv,noheader").split()
+    ok = end_job["state"] == "TIMEOUT" and held > 0 and freed < held - 1500
+    report("PASS" if ok else "FAIL", "time-limit-frees",
+           f"job {end_job['state']} ({end_job['reason']}); GPU {index} memory {held:.0f} MB while held, "
+           f"{freed:.0f} MB after; compute processes left: {len(apps)}")
+
+    # ---- rogue
+    gpus = call("GET", "gpus")["gpus"]
+    free = [g["index"] for g in gpus if not g.get("job_id")] or [gpus[0]["index"]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUJOBS_")}
+    env["CUDA_VISIBLE_DEVICES"] = str(free[0])
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    rogue = subprocess.Popen([PY, "-c", "import time, torch\nx = torch.ones(1, device='cuda')\n"
+                                        "torch.cuda.synchronize()\ntime.sleep(120)"], env=env)
+    found = None
+    started = time.time()
+    try:
+        end = min(time.time() + 45, DEADLINE)
+        while time.time() < end and found is None:
+            rows = call("GET", "findings", params={"kind": "rogue_process", "open": "1"})["findings"]
+            found = next((f for f in rows if f["pid"] == rogue.pid), None)
+            if found is None:  # in a container NVML may report the host's pid of the process
+                found = next((f for f in rows if f["gpu"] == free[0] and f["time"] >= started - 1), None)
+            time.sleep(1)
+    finally:
+        rogue.kill()
+        rogue.wait()
+    report("PASS" if found else "FAIL", "rogue",
+           found["message"] if found else f"process {rogue.pid} on GPU {free[0]} was not reported within 45s")
+
+
+try:
+    main()
+except Exception as err:  # a check that crashed is a failure, with what went wrong
+    report("FAIL", "checker", f"{type(err).__name__}: {err}")
+passed, failed, skipped = (results.count(s) for s in ("PASS", "FAIL", "SKIP"))
+print(f"SUMMARY {passed} passed, {failed} failed, {skipped} skipped", flush=True)
+sys.exit(1 if failed else 0)
+PYEOF
+
+DEADLINE=$(( $(date +%s) + TOTAL_LIMIT ))
+timeout $(( TOTAL_LIMIT + 15 )) "$VPY" "$WORK/check.py" "http://127.0.0.1:$PORT/" "$TOKEN" "$VPY" "$DEADLINE"
+RC=$?
+if [ "$RC" = 124 ]; then
+  echo "FAIL timeout the checks ran past ${TOTAL_LIMIT}s"
+  echo "SUMMARY (incomplete)"
+fi
+if [ "$RC" != 0 ]; then
+  echo "--- last lines of the server log ($WORK/server.log) ---"
+  tail -30 "$WORK/server.log"
+fi
+echo "gpu-check: done in $(( $(date +%s) - START ))s"
+exit "$([ "$RC" = 0 ] && echo 0 || echo 1)"

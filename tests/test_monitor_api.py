@@ -1,0 +1,299 @@
+"""The monitor on a real Jupyter server with fake GPUs 2xA100 and real job processes:
+each detector (out of memory, three failures in a row, an idle hog, a rogue process), per-job
+GPU stats, the Prometheus endpoint parsed by prometheus_client, usage and the heatmap over
+seeded history, and draining a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+
+from jupyter_gpujobs.model import GPU, JobState
+from jupyter_gpujobs.store import monitoring as mstore
+
+PY = sys.executable
+A100_MB = 40960
+
+
+@pytest.fixture
+def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
+    return {**gpujobs_config, "sample_interval": 0.3, "idle_hog_after": 2, "idle_hog_threshold": 5.0}
+
+
+@pytest.fixture
+def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
+    """The server's Monitor, started (pytest-jupyter does not run the extension's start hook)."""
+    m = jp_serverapp.web_app.settings["gpujobs_monitor"]
+    jp_asyncio_loop.run_until_complete(m.start())
+    yield m
+    # stop what a failed test left running through the engine, so whole job trees end
+    for job in list(engine.running()):
+        jp_asyncio_loop.run_until_complete(engine.cancel(job.id, job.user, wait_s=5))
+    jp_asyncio_loop.run_until_complete(m.stop())
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+async def submit(api: Any, command: list[str], **extra: Any) -> dict[str, Any]:
+    status, body = await api("POST", "jobs", {"command": command, "gpus": 1, "time_limit": "1m", **extra})
+    assert status == 201, body
+    return body
+
+
+async def ended(api: Any, job_id: int, timeout: float = 15) -> dict[str, Any]:
+    async def done() -> Any:
+        status, body = await api("GET", f"jobs/{job_id}")
+        return body if body["state"] not in ("PENDING", "RUNNING") else None
+
+    return await wait_for(done, timeout=timeout)
+
+
+async def finding(api: Any, timeout: float = 10, **params: Any) -> dict[str, Any]:
+    async def look() -> Any:
+        status, body = await api("GET", "findings", params=params)
+        assert status == 200, body
+        return body["findings"][0] if body["findings"] else None
+
+    return await wait_for(look, timeout=timeout)
+
+
+async def finding_events(api: Any, job_id: int) -> list[dict[str, Any]]:
+    status, body = await api("GET", f"jobs/{job_id}/events")
+    return [e for e in body["events"] if e["state"] == "FINDING"]
+
+
+async def test_out_of_memory_in_the_log(api: Any, monitor: Any) -> None:
+    job = await submit(api, py("import sys\nprint('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+                               "sys.exit(1)"), name="big")
+    end = await ended(api, job["id"])
+    assert end["state"] == "FAILED" and "out of memory" in end["reason"]
+    f = await finding(api, kind="oom", job=job["id"])
+    assert f["message"].startswith(f"job {job['id']} ('big' of ") and "ran out of GPU memory" in f["message"]
+    events = await finding_events(api, job["id"])
+    assert events and events[0]["actor"] == "monitor" and "ran out of GPU memory" in events[0]["reason"]
+
+
+async def test_memory_at_the_limit_before_a_crash(api: Any, monitor: Any) -> None:
+    job = await submit(api, py("import os, time\ntime.sleep(1.5)\nos.abort()"),
+                       env={"GPUJOBS_FAKE_MEM_MB": str(A100_MB)})
+    end = await ended(api, job["id"])
+    assert end["state"] == "FAILED"
+    f = await finding(api, kind="oom", job=job["id"])
+    assert "memory at the limit" in f["message"] and "40.0 of 40.0 GiB" in f["message"]
+    status, stats = await api("GET", f"jobs/{job['id']}/stats")
+    assert status == 200 and stats["final"] and stats["memory_max_mb"] == A100_MB
+    assert stats["memory_max_fraction"] == 1.0 and stats["samples"] >= 2
+
+
+async def test_three_failures_in_a_row(api: Any, monitor: Any) -> None:
+    ids = []
+    for _ in range(3):
+        job = await submit(api, py("import sys; sys.exit(3)"), name="train")
+        await ended(api, job["id"])
+        ids.append(job["id"])
+    f = await finding(api, kind="repeated_failure")
+    user = f["user"]
+    assert f["message"] == f"job 'train' of {user} failed 3 times in a row: exit code 3"
+    assert f["job_id"] == ids[-1] and f["data"]["jobs"] == ids[::-1]
+    assert await finding_events(api, ids[-1])
+    # a success closes it
+    ok = await submit(api, py("pass"), name="train")
+    await ended(api, ok["id"])
+    await wait_for(lambda: not mstore.list_findings(monitor.store, kind="repeated_failure", open_only=True))
+
+
+async def test_idle_hog(api: Any, monitor: Any) -> None:
+    job = await submit(api, py("import time; time.sleep(30)"), name="notebook-left-open")
+    f = await finding(api, kind="idle_hog", job=job["id"], timeout=12)
+    assert f["open"] and f["job_id"] == job["id"]
+    assert "at ~0% utilization" in f["message"] and f["data"]["idle_s"] >= 2
+    assert any("at ~0% utilization" in e["reason"] for e in await finding_events(api, job["id"]))
+    status, _ = await api("DELETE", f"jobs/{job['id']}")
+    await ended(api, job["id"])
+    await wait_for(lambda: not mstore.list_findings(monitor.store, kind="idle_hog", open_only=True))
+
+
+async def test_busy_job_is_no_idle_hog_and_has_stats(api: Any, monitor: Any) -> None:
+    job = await submit(api, py("import time\nend = time.time() + 3.5\nwhile time.time() < end: pass"))
+    end = await ended(api, job["id"])
+    assert end["state"] == "COMPLETED"
+    status, stats = await api("GET", f"jobs/{job['id']}/stats")
+    # a busy loop looks busy (its CPU share: less than 100 % on a loaded machine)
+    assert stats["samples"] >= 5 and stats["utilization_mean"] > 10 and stats["utilization_max"] > 20
+    assert stats["memory_max_mb"] == 500, "the fake backend's default per process"
+    assert not mstore.list_findings(monitor.store, kind="idle_hog", job_id=job["id"])
+
+
+async def test_rogue_process_is_reported_and_cleared(api: Any, monitor: Any) -> None:
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "1", "GPUJOBS_FAKE_MEM_MB": "777"}
+    env.pop("GPUJOBS_JOB_ID", None)
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        async def mine() -> Any:
+            status, body = await api("GET", "findings", params={"kind": "rogue_process", "open": "1"})
+            return next((f for f in body["findings"] if f["pid"] == proc.pid), None)
+
+        f = await wait_for(mine, timeout=10)
+        assert f["gpu"] == 1 and "without an allocation" in f["message"] and "777 MB" in f["message"]
+        assert f["action"] == "", "the default policy only warns"
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+    async def closed() -> Any:
+        rows = mstore.list_findings(monitor.store, kind="rogue_process")
+        return any(r["pid"] == proc.pid and not r["open"] for r in rows)
+
+    await wait_for(closed, timeout=10)
+
+
+async def test_job_processes_are_not_rogue(api: Any, monitor: Any) -> None:
+    job = await submit(api, py("import subprocess, sys, time\n"
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+                               "time.sleep(30)"))
+
+    async def two_processes() -> Any:
+        procs = monitor.backend.processes()
+        status, view = await api("GET", f"jobs/{job['id']}")
+        gpus = view["assigned_gpus"]
+        return gpus and len(procs.get(gpus[0], [])) >= 2
+
+    await wait_for(two_processes, timeout=10)
+    time.sleep(0.7)  # at least one monitor tick with both processes
+    await wait_for(lambda: monitor.sampler.latest_at and time.time() - monitor.sampler.latest_at < 0.5)
+    rows = [f for f in mstore.list_findings(monitor.store, kind="rogue_process") if f["job_id"] == job["id"]]
+    assert rows == []
+    await api("DELETE", f"jobs/{job['id']}")
+
+
+async def test_metrics_endpoint(api: Any, monitor: Any, jp_fetch: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    busy = await submit(api, py("import time; time.sleep(30)"),
+                        env={"GPUJOBS_FAKE_UTIL": "70", "GPUJOBS_FAKE_MEM_MB": "1234"})
+    other = await submit(api, py("import time; time.sleep(30)"))
+    await submit(api, py("pass"), priority="high")
+    await submit(api, py("pass"), priority="low")
+    await submit(api, py("pass"), priority="low")
+
+    async def both_running() -> Any:
+        views = [(await api("GET", f"jobs/{j['id']}"))[1] for j in (busy, other)]
+        return views if all(v["state"] == "RUNNING" for v in views) else None
+
+    views = await wait_for(both_running)
+    gpu = views[0]["assigned_gpus"][0]
+    await wait_for(lambda: any(s.index == gpu and s.utilization == 70 for s in monitor.sampler.latest))
+    r = await jp_fetch("gpujobs", "api", "metrics")
+    assert r.headers["Content-Type"].startswith("text/plain")
+    text = r.body.decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def value(name: str, **labels: str) -> float:
+        hits = [s.value for s in families[name].samples if all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(hits) == 1, (name, labels, families[name].samples)
+        return hits[0]
+
+    util = families["DCGM_FI_DEV_GPU_UTIL"].samples
+    assert {s.labels["gpu"] for s in util} == {"0", "1"}
+    assert set(util[0].labels) == {"gpu", "UUID", "modelName", "Hostname"}
+    assert value("DCGM_FI_DEV_GPU_UTIL", gpu=str(gpu)) == 70
+    assert value("DCGM_FI_DEV_FB_USED", gpu=str(gpu)) == 1234
+    assert value("DCGM_FI_DEV_FB_FREE", gpu=str(gpu)) == A100_MB - 1234
+    assert value("DCGM_FI_DEV_GPU_TEMP", gpu=str(gpu)) > 30
+    assert value("DCGM_FI_DEV_POWER_USAGE", gpu=str(gpu)) > 0
+    assert value("DCGM_FI_DEV_GPU_UTIL", gpu=str(gpu), modelName="A100") == 70
+    assert value("gpujobs_queue_length", priority="high") == 1
+    assert value("gpujobs_queue_length", priority="low") == 2
+    assert value("gpujobs_queue_length", priority="normal") == 0
+    assert value("gpujobs_jobs", state="RUNNING") == 2
+    assert value("gpujobs_jobs", state="PENDING") == 3
+    wait = families["gpujobs_wait_seconds"]
+    assert wait.type == "histogram"
+    assert [s.value for s in wait.samples if s.name == "gpujobs_wait_seconds_count"] == [2]
+    assert value("gpujobs_scheduler_cycle_seconds", stat="last") >= 0
+    assert value("gpujobs_gpu_allocated", gpu=str(gpu)) == 1
+    status, stats = await api("GET", f"jobs/{busy['id']}/stats")
+    assert stats["samples"] >= 1 and stats["utilization_max"] == 70 and stats["memory_max_mb"] == 1234
+    for j in (busy, other):
+        await api("DELETE", f"jobs/{j['id']}")
+
+
+async def test_usage_and_heatmap_api_on_seeded_history(api: Any, monitor: Any) -> None:
+    store = monitor.store
+    t0 = datetime(2026, 3, 2, 9, 0).timestamp()  # a Monday, local time
+    mstore.record_gpus(store, [GPU(0, "GPU-seed-a", "V100", "seed-host", 16384)], t0)
+    for user, group, start, hours in (("ann", "vision", t0, 2.0), ("ben", None, t0 + 7200, 0.5)):
+        job = store.add_jobs([{"user": user, "group": group, "command": ["x"], "gpus": 1}], user, start)[0]
+        store.start(job.id, "seed-host", [(0, "GPU-seed-a")], start)
+        store.transition(job.id, JobState.COMPLETED, "runner", "completed", start + hours * 3600)
+    mstore.add_samples(store, [mstore.SampleValues("seed-host", 0, "GPU-seed-a", t0 + 60 * i, utilization=float(u))
+                               for i, u in enumerate([10, 30, 80])])
+    rng = {"since": str(t0 - 3600), "until": "2026-03-02T18:00"}
+    status, body = await api("GET", "usage", params={**rng, "by": "user"})
+    assert status == 200, body
+    assert [(r["key"], r["gpu_hours"]) for r in body["rows"]] == [("ann", 2.0), ("ben", 0.5)]
+    status, body = await api("GET", "usage", params={**rng, "by": "model"})
+    assert body["rows"] == [{"key": "V100", "gpu_hours": 2.5, "jobs": 2}]
+    status, body = await api("GET", "usage", params={**rng, "by": "group"})
+    assert {r["key"]: r["gpu_hours"] for r in body["rows"]} == {"vision": 2.0, "(none)": 0.5}
+    status, heat = await api("GET", "usage/heatmap", params=rng)
+    assert status == 200 and heat["weekdays"][0] == "Mon" and len(heat["utilization"]) == 7
+    assert heat["utilization"][0][9] == 40.0 and heat["samples"][0][9] == 3
+    status, err = await api("GET", "usage", params={"by": "planet"})
+    assert status == 400 and err["field"] == "by"
+    status, err = await api("GET", "usage", params={"since": "whenever"})
+    assert status == 400 and err["field"] == "since"
+
+
+async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
+    status, body = await api("POST", "gpus/drain", {"gpu": 0, "reason": "fan noise"})
+    assert status == 200, body
+    assert [g["draining"] for g in body["gpus"]] == [True, False]
+    job = await submit(api, py("import time; time.sleep(20)"))
+
+    async def running() -> Any:
+        status, view = await api("GET", f"jobs/{job['id']}")
+        return view if view["state"] == "RUNNING" else None
+
+    view = await wait_for(running)
+    assert view["assigned_gpus"] == [1], "nothing new starts on a draining GPU"
+    f = await finding(api, kind="gpu_drained", open="1")
+    assert "fan noise" in f["message"]
+    status, resolved = await api("POST", "findings/resolve", {"id": f["id"]})
+    assert status == 200 and not resolved["open"]
+    status, gpus = await api("GET", "gpus")
+    assert not any(g["draining"] for g in gpus["gpus"])
+    status, err = await api("POST", "gpus/drain", {"gpu": 7})
+    assert status == 404 and err["field"] == "gpu"
+    await api("DELETE", f"jobs/{job['id']}")
+
+
+async def test_findings_bad_input(api: Any, monitor: Any) -> None:
+    status, err = await api("GET", "findings", params={"kind": "ghosts"})
+    assert status == 400 and err["field"] == "kind"
+    status, err = await api("POST", "findings/resolve", {"id": "x"})
+    assert status == 400 and err["field"] == "id"
+    status, err = await api("GET", "jobs/999999/stats")
+    assert status == 404
+
+
+def test_gpu_check_script_parses_and_plans() -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run(["bash", str(script), "--dry-run", "--wheels", "/nonexistent-wheels"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    for check in ("inventory", "torch-visible", "samples-rise", "oom", "time-limit-frees", "rogue"):
+        assert check in out.stdout
