@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 
 from . import Store
 from .tables import AllocationRow, FindingRow, GPUInfoRow, GPUSampleRow, JobRow, JobStatsRow
@@ -142,26 +142,33 @@ def gpu_models(store: Store) -> dict[str, str]:
 # ----------------------------------------------------------------------------- samples
 
 
-def _sample_row(v: SampleValues, resolution: int) -> GPUSampleRow:
-    return GPUSampleRow(
-        host=v.host, gpu_index=v.gpu_index, gpu_uuid=v.gpu_uuid, resolution=resolution, time=v.time,
-        count=v.count, utilization=v.utilization,
-        utilization_max=v.utilization_max if v.utilization_max is not None else v.utilization,
-        memory_used_mb=v.memory_used_mb,
-        memory_used_max_mb=v.memory_used_max_mb if v.memory_used_max_mb is not None else v.memory_used_mb,
-        memory_total_mb=v.memory_total_mb, temperature_c=v.temperature_c,
-        temperature_max_c=v.temperature_max_c if v.temperature_max_c is not None else v.temperature_c,
-        power_w=v.power_w, power_max_w=v.power_max_w if v.power_max_w is not None else v.power_w,
-        ecc_errors=v.ecc_errors, xid=v.xid,
-    )
+def _sample_dict(v: SampleValues, resolution: int) -> dict[str, Any]:
+    """The gpu_samples row of a reading or bucket (plain values: rows are bulk-inserted)."""
+    return {
+        "host": v.host, "gpu_index": v.gpu_index, "gpu_uuid": v.gpu_uuid, "resolution": resolution,
+        "time": v.time, "count": v.count, "utilization": v.utilization,
+        "utilization_max": v.utilization_max if v.utilization_max is not None else v.utilization,
+        "memory_used_mb": v.memory_used_mb,
+        "memory_used_max_mb": v.memory_used_max_mb if v.memory_used_max_mb is not None else v.memory_used_mb,
+        "memory_total_mb": v.memory_total_mb, "temperature_c": v.temperature_c,
+        "temperature_max_c": v.temperature_max_c if v.temperature_max_c is not None else v.temperature_c,
+        "power_w": v.power_w, "power_max_w": v.power_max_w if v.power_max_w is not None else v.power_w,
+        "ecc_errors": v.ecc_errors, "xid": v.xid,
+    }
+
+
+_STATS_COLUMNS = ("samples", "utilization_mean", "utilization_max", "memory_mean_mb", "memory_max_mb",
+                  "memory_total_mb", "memory_max_fraction", "first_at", "last_at", "final")
 
 
 def add_samples(store: Store, values: Iterable[SampleValues], resolution: int = RAW,
                 stats: Iterable[JobStats] = ()) -> None:
     """Insert readings (or, with `resolution`, ready-made buckets) and save job stats, in one
-    transaction."""
+    transaction (Core executemany: this runs at every sampling tick)."""
+    rows = [_sample_dict(v, resolution) for v in values]
     with store._session.begin() as s:
-        s.add_all([_sample_row(v, resolution) for v in values])
+        if rows:
+            s.execute(insert(GPUSampleRow), rows)
         _save_stats(s, stats)
 
 
@@ -211,8 +218,9 @@ def _roll(s: Any, source: int, target: int, now: float) -> int:
         if last is not None and start <= last:
             continue
         groups.setdefault((row.host, row.gpu_index, start), []).append(row)
-    for (_, _, start), rows in groups.items():
-        s.add(_sample_row(_bucket(rows, start), target))
+    if groups:
+        s.execute(insert(GPUSampleRow), [_sample_dict(_bucket(rows, start), target)
+                                         for (_, _, start), rows in groups.items()])
     return len(groups)
 
 
@@ -294,16 +302,18 @@ def _save_stats(s: Any, stats: Iterable[JobStats]) -> None:
     stats = list(stats)
     if not stats:
         return
-    known = {r.job_id: r for r in s.scalars(select(JobStatsRow).where(
-        JobStatsRow.job_id.in_([st.job_id for st in stats]))).all()}
-    for st in stats:
-        row = known.get(st.job_id)
-        if row is None:
-            row = JobStatsRow(job_id=st.job_id)
-            s.add(row)
-        for name in ("samples", "utilization_mean", "utilization_max", "memory_mean_mb", "memory_max_mb",
-                     "memory_total_mb", "memory_max_fraction", "first_at", "last_at", "final"):
-            setattr(row, name, getattr(st, name))
+    known = set(s.scalars(select(JobStatsRow.job_id).where(
+        JobStatsRow.job_id.in_([st.job_id for st in stats]))).all())
+    new = [{"job_id": st.job_id, **{c: getattr(st, c) for c in _STATS_COLUMNS}}
+           for st in stats if st.job_id not in known]
+    old = [{"b_job_id": st.job_id, **{c: getattr(st, c) for c in _STATS_COLUMNS}}
+           for st in stats if st.job_id in known]
+    if new:
+        s.execute(insert(JobStatsRow), new)
+    if old:
+        s.connection().execute(
+            update(JobStatsRow.__table__).where(JobStatsRow.__table__.c.job_id == bindparam("b_job_id"))
+            .values({c: bindparam(c) for c in _STATS_COLUMNS}), old)
 
 
 def save_job_stats(store: Store, stats: Iterable[JobStats]) -> None:
