@@ -22,10 +22,28 @@ from labtools import REPO, isolated_env, open_lab, open_panel, screenshot, start
 pytestmark = [pytest.mark.slow]
 
 
+NODE_TOOLS = ("node", "nodejs", "npm", "npx", "yarn", "corepack")
+_SHADOW = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpujobs-no-node-{os.getpid()}"
+
+
 def path_without_node() -> str:
-    """PATH with every folder that holds a `node` or `npm` removed."""
-    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep)
-            if d and not any(Path(d, exe).exists() for exe in ("node", "nodejs", "npm"))]
+    """PATH with no node: folders holding node are replaced by one folder of links to
+    everything else in them (so bash, cp, grep... are still there)."""
+    keep: list[str] = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if not d:
+            continue
+        if not any(Path(d, exe).exists() for exe in NODE_TOOLS):
+            keep.append(d)
+            continue
+        _SHADOW.mkdir(exist_ok=True)
+        for entry in Path(d).iterdir():
+            link = _SHADOW / entry.name
+            if entry.name in NODE_TOOLS or link.exists() or link.is_symlink():
+                continue
+            link.symlink_to(entry)
+        if str(_SHADOW) not in keep:
+            keep.append(str(_SHADOW))
     return os.pathsep.join(keep)
 
 
