@@ -15,6 +15,7 @@ active jobs when a prediction is confident.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import time
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..gpus import GPUBackend, GPUProcess, GPUSample
 from ..model import GPU, Job, JobState, parse_duration
-from ..store import monitoring as mstore
 from .diagnosis import (
     Finding,
     detect_gpu_errors,
@@ -32,13 +32,21 @@ from .diagnosis import (
     detect_repeated_failures,
     detect_rogues,
 )
-from .metrics import WaitHistogram, make_registry, render
 from .predict import Prediction, RuntimePredictor, job_key
-from .rogue import ProcessResolver, RogueKiller
-from .sampler import Sampler
 
 if TYPE_CHECKING:
     from ..service import JobService
+    from ..store import monitoring as mstore
+else:
+
+    class _Lazy:
+        """The store functions, imported on first use: the CLI imports monitor.text, and
+        SQLAlchemy would double its start-up time."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("jupyter_gpujobs.store.monitoring"), name)
+
+    mstore = _Lazy()
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -131,6 +139,10 @@ class Monitor:
         backend = service.gpus.inner if isinstance(service.gpus, DrainingBackend) else service.gpus
         self.backend = backend
         self.host = getattr(backend, "host", "localhost")
+        from .metrics import WaitHistogram, make_registry
+        from .rogue import ProcessResolver, RogueKiller
+        from .sampler import Sampler
+
         self.sampler = Sampler(backend, self.store, host=self.host, raw_keep_s=s.raw_retention_s,
                                minute_keep_s=s.minute_retention_s, hour_keep_s=s.hour_retention_s,
                                idle_threshold=s.idle_hog_threshold)
@@ -478,6 +490,8 @@ class Monitor:
         return out
 
     def metrics(self) -> tuple[bytes, str]:
+        from .metrics import render
+
         return render(self.registry)
 
     def gpu_samples(self, since: float, until: float, gpu: int | None, resolution: int | None) -> list[dict[str, Any]]:

@@ -1,0 +1,102 @@
+"""The monitor in a real `jupyter server` process: `jupyter gpujobs usage` / `usage --heatmap` /
+`findings` in the terminal over seeded history, `rogue_policy = "kill"` stopping a process
+started outside the queue, and a drained GPU staying drained across a server restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from jupyter_gpujobs.model import GPU, JobState
+from jupyter_gpujobs.store import Store
+from jupyter_gpujobs.store import monitoring as mstore
+
+PY = sys.executable
+
+
+def wait_until(predicate: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:
+    server = live_server(fake_gpus="2xA100", config={"sample_interval": 0.5})
+    store = Store(f"sqlite:///{server.state_dir / 'gpujobs.sqlite'}")
+    t0 = datetime(2026, 3, 4, 14, 0).timestamp()  # a Wednesday, local time
+    mstore.record_gpus(store, [GPU(0, "GPU-old-0", "V100", "old-host", 16384)], t0)
+    for user, hours in (("dora", 3.0), ("eli", 1.5)):
+        job = store.add_jobs([{"user": user, "command": ["x"], "gpus": 1, "group": "vision"}], user, t0)[0]
+        store.start(job.id, "old-host", [(0, "GPU-old-0")], t0)
+        store.transition(job.id, JobState.COMPLETED, "runner", "completed", t0 + hours * 3600)
+    mstore.add_samples(store, [mstore.SampleValues("old-host", 0, "GPU-old-0", t0 + 600, utilization=95.0),
+                               mstore.SampleValues("old-host", 0, "GPU-old-0", t0 + 86400 + 600, utilization=10.0)])
+    store.close()
+    since, until = "2026-03-01", "2026-03-08"
+
+    out = server.cli("usage", "--since", since, "--until", until)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split() == ["USER", "GPU-HOURS", "SHARE", "JOBS"]
+    assert lines[2].split() == ["dora", "3.00", "66.7%", "1"]
+    assert lines[3].split() == ["eli", "1.50", "33.3%", "1"]
+    assert lines[-1].split() == ["total", "4.50"]
+    out = server.cli("usage", "--since", since, "--until", until, "--by", "model")
+    assert out.stdout.splitlines()[2].split() == ["V100", "4.50", "100.0%", "2"]
+
+    out = server.cli("usage", "--heatmap", "--since", since, "--until", until)
+    assert out.returncode == 0, out.stderr
+    rows = {line[:3]: line[5:] for line in out.stdout.splitlines() if line[:3] in ("Mon", "Wed", "Thu")}
+    assert rows["Wed"][28:30] == "██", out.stdout  # 14:00-15:00, 95 %
+    assert rows["Thu"][28:30] == "  " and rows["Thu"][0:2] == "··", "10 % shades as blank; no data as dots"
+    assert set(rows["Mon"]) == {"·"}
+
+    out = server.cli("usage", "--since", "someday")
+    assert out.returncode == 1 and "since" in out.stderr
+
+    job = server.client().submit(["false"], name="oops", gpus=1)
+    server.client().wait(job["id"], timeout=15)
+    out = server.cli("findings", "--all")
+    assert out.returncode == 0 and ("no findings" in out.stdout or "oops" not in out.stdout)
+
+
+def test_rogue_policy_kill(live_server: Any) -> None:
+    server = live_server(fake_gpus="2xA100", config={"sample_interval": 0.3, "rogue_policy": "kill"})
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "0"}
+    env.pop("GPUJOBS_JOB_ID", None)
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        wait_until(lambda: proc.poll() is not None, timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    client = server.client()
+    findings = client.api("GET", "findings", params={"kind": "rogue_process"})["findings"]
+    mine = [f for f in findings if f["pid"] == proc.pid]
+    assert mine and mine[0]["action"] == "terminated" and "rogue_policy=kill" in mine[0]["message"]
+    assert "GPU 0" in server.server_log() and str(proc.pid) in server.server_log()
+
+
+def test_drained_gpu_stays_drained_after_restart(live_server: Any) -> None:
+    server = live_server(fake_gpus="2xA100")
+    client = server.client()
+    client.api("POST", "gpus/drain", body={"gpu": 1, "reason": "ECC errors seen by hand"})
+    server.kill()
+    server.start()
+    client = server.client()
+    assert [g["draining"] for g in client.gpus()] == [False, True]
+    job = client.submit([PY, "-c", "pass"], gpus=2, time_limit="1m")
+    time.sleep(1.5)
+    assert client.job(job["id"])["state"] == "PENDING", "a 2-GPU job cannot start while GPU 1 drains"
+    drained = client.api("GET", "findings", params={"kind": "gpu_drained", "open": "1"})["findings"]
+    client.api("POST", "findings/resolve", body={"id": drained[0]["id"]})
+    assert client.wait(job["id"], timeout=15)["state"] == "COMPLETED"
