@@ -32,6 +32,7 @@ from .model import (
 )
 from .runners import Exit, LaunchRequest, LocalRunner
 from .scheduler import schedule
+from .scheduler.fairshare import Usage, decay_and_add
 from .store import GPUAlreadyAllocated, Store
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -109,7 +110,9 @@ class JobService:
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._usage: Any = None
+        self._usage = Usage()
+        self._usage_at = 0.0
+        self._usage_saved_at = 0.0
         self.cycle_seconds: list[float] = []  # recent cycle times, for metrics
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -120,6 +123,7 @@ class JobService:
         if self._tasks:
             return
         self.refresh_inventory(force=True)
+        self._load_usage()
         self.reconcile()
         self._wake = asyncio.Event()
         self._tasks = [
@@ -137,6 +141,36 @@ class JobService:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
+        self._save_usage(self.clock())
+
+    # ================================================================= fair-share usage
+
+    def _load_usage(self) -> None:
+        """Decayed GPU-seconds from the store, decayed further for the time the server was down."""
+        now = self.clock()
+        users: dict[str, float] = {}
+        groups: dict[str, float] = {}
+        half_life = self.policy.fairshare_half_life_s
+        for key, (value, updated_at) in self.store.load_usage().items():
+            scope, _, name = key.partition(":")
+            decayed = value * 0.5 ** (max(0.0, now - updated_at) / half_life) if half_life > 0 else value
+            (users if scope == "user" else groups)[name] = decayed
+        self._usage = Usage(users, groups)
+        self._usage_at = now
+
+    def _save_usage(self, now: float) -> None:
+        values = {f"user:{u}": v for u, v in self._usage.users.items()}
+        values.update({f"group:{g}": v for g, v in self._usage.groups.items()})
+        if values:
+            self.store.save_usage(values, now)
+        self._usage_saved_at = now
+
+    def _account_usage(self, running: list[Job], now: float) -> None:
+        dt = now - self._usage_at if self._usage_at else 0.0
+        self._usage = decay_and_add(self._usage, running, dt, self.policy.fairshare_half_life_s)
+        self._usage_at = now
+        if now - self._usage_saved_at > 60:
+            self._save_usage(now)
 
     def reconcile(self) -> None:
         """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
@@ -447,7 +481,7 @@ class JobService:
         if handle is None:
             return
         self._terminating.add(job.id)
-        self.store.add_event(job.id, "RUNNING", "engine", f"stopping: {reason}", self.clock())
+        self.store.add_event(job.id, "STOPPING", "engine", f"stopping: {reason}", self.clock())
         self.runner.terminate(job.id, handle, reason, outcome, grace_s)
 
     def poll(self) -> None:
@@ -489,6 +523,7 @@ class JobService:
         pending = [j for j in self._active.values() if j.state is JobState.PENDING]
         running = [j for j in self._active.values() if j.state is JobState.RUNNING]
         self._enforce_limits(running, now)
+        self._account_usage(running, now)
         dep_ids = {d.job_id for j in pending for d in j.depends}
         finished = self.store.final_states(i for i in dep_ids if i not in self._active)
         plan = schedule(now, pending, running, gpus, self._current_policy(), self._usage, finished)

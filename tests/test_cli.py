@@ -20,7 +20,7 @@ def test_cli_round_trip(live_server: Any) -> None:
     assert gpus.stdout.count("A100") == 2 and gpus.stdout.count("free") == 2
 
     out = server.cli("submit", "-g", "2", "-t", "30s", "--name", "big", "--json", "--",
-                     PY, "-c", "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(2)")
+                     PY, "-c", "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(6)")
     assert out.returncode == 0, out.stderr
     big = json.loads(out.stdout)
     assert big["name"] == "big" and big["gpus"] == 2 and big["time_limit_s"] == 30

@@ -36,7 +36,7 @@ def _wait(client: GPUJobsClient, job_id: int, pred: Any, timeout: float = 20) ->
         job = client.job(job_id)
         if pred(job):
             return job
-        assert time.monotonic() < deadline, job
+        assert time.monotonic() < deadline, (job["state"], job["reason"], client.log(job_id)["data"])
         time.sleep(0.1)
 
 
@@ -61,6 +61,10 @@ def test_borrowed_job_is_preempted_and_requeued(live_server: Any, tmp_path: Path
     victim = bob.submit([PY, "-c", VICTIM, str(tmp_path / "marker")], gpus=1, name="borrower")
     v = _wait(bob, victim["id"], lambda j: j["state"] == "RUNNING")
     assert v["borrowed"] is True
+    deadline = time.monotonic() + 20
+    while "first run" not in bob.log(victim["id"])["data"]:  # it really runs before it is reclaimed
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
     mine = alice.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1, name="guaranteed")
     requeued = _wait(bob, victim["id"], lambda j: j["state"] == "PENDING" or j.get("restarts", 0) > 0)
