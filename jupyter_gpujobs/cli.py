@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -240,9 +241,8 @@ def _print_job(job: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(job, indent=2))
         return
     extra = ""
-    if job["state"] == "PENDING":
-        where = f"position {job['position']}" if job.get("position") else "queued"
-        extra = f" ({where}; {job.get('reason')})" if job.get("reason") else f" ({where})"
+    if job["state"] == "PENDING" and job.get("position"):
+        extra = f" (position {job['position']}; {job.get('reason')})"
     print(f"job {job['id']} {job['state']}{extra}")
 
 
@@ -305,7 +305,7 @@ def run(argv: Sequence[str]) -> int:
             print(json.dumps(job, indent=2))
         else:
             print(format_jobs([job], now))
-            print("command: " + " ".join(job.get("command") or []))
+            print("command: " + shlex.join(job.get("command") or []))
             for e in client.events(args.id):
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
                 print(f"  {stamp}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}")
