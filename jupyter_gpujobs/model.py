@@ -368,6 +368,10 @@ class Policy:
     # scheduler knobs added with the scheduler package (see docs/scheduling.md)
     strict_classes: bool = True  # a higher class always goes first; False: class is one weighted factor
     fairshare_default_share: float = 1.0  # share of users/groups not in user_shares/group_shares
+    # scheduler cost (docs/scheduling.md, "Performance"): the first `reservation_depth` jobs that
+    # cannot start get a reservation on the GPU time line (backfill never delays them); deeper
+    # jobs get a cheap aggregate estimate instead (None: every job is reserved, slow on deep queues)
+    reservation_depth: int | None = 100
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,9 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             continue
         plan = schedule(now, list(pending.values()), list(running.values()), gpus, policy, usage, finished)
         res.cycles += 1
+        started_now = {s.job_id for s in plan.starts}
         for jid in fresh:
-            predicted[jid] = plan.expected_start.get(jid, now) if jid not in {s.job_id for s in plan.starts} else now
+            predicted[jid] = now if jid in started_now else plan.expected_start.get(jid, now)
         for p in plan.preemptions:
             victim = running.pop(p.job_id, None)
             if victim is None:

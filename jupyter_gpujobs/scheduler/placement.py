@@ -10,13 +10,20 @@ and, while it is free now, a `hole` end (the start of the first reservation plac
   GPUs with the shortest sufficient holes, which keeps large blocks and long holes free.
 - `reserve` books a job that cannot start now on the pool where its k-th earliest GPU frees
   first (list scheduling on `avail`); that start is the job's expected start, and the booking
-  keeps later jobs from delaying it (conservative backfill: every blocked job holds one).
+  keeps later jobs from delaying it (conservative backfill: every blocked job holds one, up
+  to `policy.reservation_depth` of them).
+- `AggregateLine` gives the jobs deeper in the queue a cheap expected start: per GPU model, a
+  heap of the times the GPUs free on the detailed time line; a k-GPU job takes the k earliest
+  of its model (any host: no packing) from its floor. The planner clamps that start to be no
+  earlier than `earliest` (when the detailed time line first has k GPUs on one host), so an
+  estimate never promises a start the plan cannot give. It reserves nothing.
 """
 
 from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
+from heapq import heapify, heappop, heappush, heapreplace
 
 from ..model import GPU, Job, gpu_matches_type
 
@@ -194,3 +201,69 @@ class Cluster:
                 self.hole[p][i] = start
         self.avail[p] = av
         self._refresh(p)
+
+
+class AggregateLine:
+    """Cheap expected starts for the deep queue (see the module docstring)."""
+
+    __slots__ = ("heaps", "by_view")
+
+    def __init__(self, cluster: Cluster):
+        self.heaps: dict[str, list[float]] = {}
+        for p, name in enumerate(cluster.pool_name):
+            self.heaps.setdefault(name, []).extend(t for t, _ in cluster.avail[p])
+        for h in self.heaps.values():
+            heapify(h)
+        self.by_view: dict[int, list[list[float]]] = {}
+
+    def _heaps(self, cluster: Cluster, view: View) -> list[list[float]]:
+        hs = self.by_view.get(id(view))
+        if hs is None:
+            names = dict.fromkeys(cluster.pool_name[p] for p in view.pids)
+            hs = self.by_view[id(view)] = [self.heaps[n] for n in names]
+        return hs
+
+    def take(self, cluster: Cluster, view: View, k: int, limit: float, floor: float) -> float:
+        """The start of a k-GPU job from `floor` on; books its GPUs until start + limit."""
+        hs = self._heaps(cluster, view)
+        if len(hs) == 1:
+            h = hs[0]
+            if len(h) < k:
+                return INF
+            if k == 1:
+                start = h[0] if h[0] > floor else floor
+                heapreplace(h, start + limit)
+                return start
+        else:  # several models: the one whose k-th GPU frees first
+            best: list[float] | None = None
+            best_t = INF
+            for h in hs:
+                if len(h) < k:
+                    continue
+                if k == 1:
+                    kth = h[0]
+                else:
+                    popped = [heappop(h) for _ in range(k)]
+                    kth = popped[-1]
+                    for x in popped:
+                        heappush(h, x)
+                if kth < best_t:
+                    best, best_t = h, kth
+            if best is None:
+                return INF
+            h = best
+        taken = 0.0
+        for _ in range(k):
+            taken = heappop(h)
+        start = taken if taken > floor else floor
+        end = start + limit
+        for _ in range(k):
+            heappush(h, end)
+        return start
+
+    def started_now(self, model: str, n: int, now: float, end: float) -> None:
+        """A job started now on n GPUs of `model` that were free and unreserved (avail = now)."""
+        h = self.heaps[model]
+        for _ in range(n):
+            if h and h[0] <= now:
+                heapreplace(h, end)

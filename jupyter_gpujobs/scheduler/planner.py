@@ -5,16 +5,25 @@ that no earlier job's reservation needs (placement.py), asks for preemption (pre
 or is booked on the GPU time line, which gives its expected start and keeps later jobs from
 delaying it. Deferral (deferral.py) and limits (quotas.py) give a job a floor on that time
 line. Jobs waiting for a dependency are walked last, from their targets' expected ends.
+
+Cost (docs/scheduling.md, "Performance"): only the first `policy.reservation_depth` jobs that
+cannot start are booked in detail on the GPU time line (like Slurm's bf_max_job_test); deeper
+jobs get an aggregate estimate (`AggregateLine`), clamped to the detailed time line, and still
+start now when free GPUs allow without delaying any reservation. Start-now attempts are
+memoised by shape: once k GPUs of a type cannot start now for time limit T, no later job with
+k' >= k GPUs of that type and limit >= T is tried (free GPUs and holes only shrink in a walk);
+failed preemption attempts are memoised the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from heapq import heappop, heappush
 
 from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
-from .placement import INF, Cluster, View
+from .placement import INF, AggregateLine, Cluster, View
 from .preemption import choose_victims, victims_text
 from .priority import order_pending
 from .quotas import Limit, Quotas
@@ -56,6 +65,21 @@ class _Cycle:
         self.victims: set[int] = set()
         self.candidates: dict[int, list[Job]] | None = None
         self._limit_s: dict[int, float] = {}
+        # cost controls (see the module docstring)
+        depth = policy.reservation_depth
+        self.depth: float = INF if depth is None else max(0, depth)
+        self.reserved_n = 0
+        self.deep: AggregateLine | None = None
+        self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
+        # (type, user, group, class) -> fewest GPUs for which preemption failed
+        self.failed_preempt: dict[tuple[str | None, str, str | None, str], int] = {}
+        self.kinds: dict[tuple[str, str | None, int | None, int | None, str],
+                         tuple[list[tuple[Limit, bool]], int | None]] = {}
+        self.shape_floor: dict[tuple[int, str | None], float] = {}  # (k, type) -> cl.earliest
+        self.reason_cache: dict[tuple[int, str | None, int | None, int | None], str] = {}
+        self.lims_cache: dict[tuple[str, str | None, int | None, int | None, bool], list[tuple[Limit, bool]]] = {}
+        self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
+        self.default_limit = float(policy.default_time_limit_s)
         for j in running:
             self._account_running(j)
 
@@ -68,7 +92,14 @@ class _Cycle:
         return lim
 
     def _limits_of(self, j: Job) -> list[tuple[Limit, bool]]:
-        """(limit, counts GPUs?) pairs that apply to a job."""
+        """(limit, counts GPUs?) pairs that apply to a job (cached per kind of job)."""
+        key = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority == "urgent")
+        out = self.lims_cache.get(key)
+        if out is None:
+            out = self.lims_cache[key] = self._limits_uncached(j)
+        return out
+
+    def _limits_uncached(self, j: Job) -> list[tuple[Limit, bool]]:
         ul = self.user_limits.get(j.user)
         if ul is None:
             jobs_cap, gpus_cap = self.quotas.user_caps(j.user)
@@ -133,23 +164,16 @@ class _Cycle:
         self.top_reserved: int | None = None
         self.fifo_blocked: int | None = None
         self.last_start = now
-        self.failed_shapes: set[tuple[int, str | None, float]] = set()
         reasons = plan.reasons
-        for j in ordered:
+        self.offpeak_now = offpeak_now
+        for n, j in enumerate(ordered):
+            if self.reserved_n >= self.depth:
+                self._walk_deep(ordered, n, waiting_dep, later)
+                break
             if j.id in waiting_dep:
                 later.append(j)
                 continue
-            floor = now
-            why: str | None = None
-            if j.begin is not None and j.begin > now:
-                floor = j.begin
-                why = f"begins at {clock_text(j.begin, now, off)}"
-            if j.offpeak and windows:
-                nxt = offpeak_now if floor == now else next_window_start(floor + off, windows)
-                if nxt is not None and nxt - off > floor:
-                    floor = nxt - off
-                    why = "waiting for off-peak hours"
-            self._place(j, floor, why)
+            self._place_now(j)
         # dependency waiters, from their targets' expected ends
         for _ in range(len(later) + 1):
             rest: list[Job] = []
@@ -168,6 +192,23 @@ class _Cycle:
             reasons[j.id] = f"waiting for job {dep.job_id} ({dep.kind})"
             self.expected[j.id] = None
         return plan
+
+    def _place_now(self, j: Job) -> None:
+        """`_place` from now, or from its begin time or the next off-peak window."""
+        now = self.now
+        floor = now
+        why: str | None = None
+        off = self.policy.utc_offset_s
+        windows = self.policy.offpeak_windows
+        if j.begin is not None and j.begin > now:
+            floor = j.begin
+            why = f"begins at {clock_text(j.begin, now, off)}"
+        if j.offpeak and windows:
+            nxt = self.offpeak_now if floor == now else next_window_start(floor + off, windows)
+            if nxt is not None and nxt - off > floor:
+                floor = nxt - off
+                why = "waiting for off-peak hours"
+        self._place(j, floor, why)
 
     def _dependency_floor(self, j: Job) -> float | None:
         floor = self.now
@@ -192,70 +233,76 @@ class _Cycle:
         plan, now, policy, cl = self.plan, self.now, self.policy, self.cluster
         reasons, expected = plan.reasons, self.expected
         k = j.gpus
-        limit = float(j.time_limit_s or policy.default_time_limit_s)
-        self._limit_s[j.id] = limit
+        jid = j.id
+        limit = float(j.time_limit_s or self.default_limit)
+        self._limit_s[jid] = limit
         if floor == INF:
-            reasons[j.id] = why or "cannot be predicted"
-            expected[j.id] = None
+            reasons[jid] = why or "cannot be predicted"
+            expected[jid] = None
             return
-        mtl, who = self.quotas.max_time_limit(j.user, j.group)
-        if mtl is not None and limit > mtl:
-            reasons[j.id] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {who}"
-            expected[j.id] = None
-            return
+        ug = (j.user, j.group)
+        mt = self.mtl_cache.get(ug)
+        if mt is None:
+            mt = self.mtl_cache[ug] = self.quotas.max_time_limit(j.user, j.group)
+        mtl = mt[0]
         lims = self._limits_of(j)
+        self.kinds[(j.user, j.group, j.array_job_id, j.array_max_running, j.priority)] = (lims, mtl)
+        if mtl is not None and limit > mtl:
+            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {mt[1]}"
+            expected[jid] = None
+            return
         blocked: Limit | None = None
         for lim, per_gpu in lims:
-            if not lim.fits_now(k if per_gpu else 1):
+            if lim.now_used + (k if per_gpu else 1) > lim.cap:
                 blocked = lim
                 break
         view: View | None = None
         if k > 0:
             if not cl.pool_host:
-                reasons[j.id] = "no GPUs on this server"
-                expected[j.id] = None
+                reasons[jid] = "no GPUs on this server"
+                expected[jid] = None
                 return
-            view = cl.view(j.gpu_type)
+            view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
             if not view.pids:
-                reasons[j.id] = f"no {j.gpu_type} GPUs on this server"
-                expected[j.id] = None
+                reasons[jid] = f"no {j.gpu_type} GPUs on this server"
+                expected[jid] = None
                 return
             if k > view.max_size:
-                reasons[j.id] = f"asks for {k} {view.label} but one host has at most {view.max_size}"
-                expected[j.id] = None
+                reasons[jid] = f"asks for {k} {view.label} but one host has at most {view.max_size}"
+                expected[jid] = None
                 return
         if floor <= now and blocked is None:
             if k == 0:
                 host = cl.pool_host[0] if cl.pool_host else (self.gpus[0].host if self.gpus else "localhost")
-                plan.starts.append(Start(j.id, host, (), False))
+                plan.starts.append(Start(jid, host, (), False))
                 self._book(j, lims, now, now + limit)
                 return
             assert view is not None
             if self.fifo_blocked is None or policy.backfill:
                 placed = None
-                shape = (k, j.gpu_type, limit)
-                if view.free_pids and shape not in self.failed_shapes:
-                    placed = cl.start_now(view, k, limit)
-                    if placed is None:
-                        self.failed_shapes.add(shape)
+                if view.free_pids:
+                    shape = (k, j.gpu_type)
+                    if limit < self.failed_shapes.get(shape, INF):
+                        placed = cl.start_now(view, k, limit)
+                        if placed is None:
+                            self._shape_failed(view, k, j.gpu_type, limit)
                 if placed is not None:
                     p, idx = placed
                     borrowed = self.quotas.any_guarantee and not self._within_guarantee(j, k)
-                    plan.starts.append(Start(j.id, cl.pool_host[p], idx, borrowed))
+                    plan.starts.append(Start(jid, cl.pool_host[p], idx, borrowed))
                     self._book(j, lims, now, now + limit)
                     self.user_gpus[j.user] = self.user_gpus.get(j.user, 0) + k
                     if j.group:
                         self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + k
                     self.last_start = now
+                    self._cluster_changed()
+                    if self.deep is not None:
+                        hole = cl.hole[p]
+                        self.deep.started_now(cl.pool_name[p], sum(1 for i in idx if i not in hole), now, now + limit)
                     return
             if policy.preemption and self._try_preempt(j, k, limit, view):
                 return
-            if self.fifo_blocked is not None and not policy.backfill:
-                why = f"behind job {self.fifo_blocked} (first in line)"
-            elif self.top_reserved is not None and cl.free_count(view, k):
-                why = f"behind job {self.top_reserved} (reserved)"
-            else:
-                why = f"waiting for {k} free {view.label if k > 1 or view.label != 'GPUs' else 'GPU'}"
+            why = self._waiting_reason(view, k, j.gpu_type)
         elif why is None:
             why = blocked.reason if blocked is not None else "waiting"
         # book it on the time line: the expected start
@@ -267,28 +314,174 @@ class _Cycle:
         if not policy.backfill and k > 0 and not deferred and t < self.last_start:
             t = self.last_start
         if t == INF:
-            reasons[j.id] = why
-            expected[j.id] = None
+            reasons[jid] = why
+            expected[jid] = None
             return
         if k > 0:
             assert view is not None
-            start = cl.reserve(view, k, limit, t)
+            if self.reserved_n < self.depth:
+                start = cl.reserve(view, k, limit, t)
+                self.reserved_n += 1
+            else:
+                start = self._deep_estimate(view, k, j.gpu_type, limit, t)
             if start == INF:
-                reasons[j.id] = why
-                expected[j.id] = None
+                reasons[jid] = why
+                expected[jid] = None
                 return
             if self.top_reserved is None and start > now:
-                self.top_reserved = j.id
+                self.top_reserved = jid
             if self.fifo_blocked is None and not deferred and blocked is None and floor <= now:
-                self.fifo_blocked = j.id
+                self.fifo_blocked = jid
             if not policy.backfill and not deferred:
                 self.last_start = start
         else:
             start = t
-        start = max(start, now)
+        if start < now:
+            start = now
         self._book(j, lims, start, start + limit)
-        reasons[j.id] = why
-        expected[j.id] = start
+        reasons[jid] = why
+        expected[jid] = start
+
+    def _walk_deep(self, ordered: list[Job], first: int, waiting_dep: Mapping[int, int],
+                   later: list[Job]) -> None:
+        """The walk past the reservation depth. A job that can only wait (GPUs asked, no begin
+        or off-peak, cannot start now, nothing to preempt) is handled here, inlined for speed,
+        with the same rules and reasons as `_place` but an aggregate estimate; any other job
+        goes to `_place`."""
+        now, policy, cl = self.now, self.policy, self.cluster
+        reasons, expected, limit_s = self.plan.reasons, self.expected, self._limit_s
+        views, kinds, failed_shapes = cl.views, self.kinds, self.failed_shapes
+        failed_preempt, shape_floor = self.failed_preempt, self.shape_floor
+        backfill, preempt = policy.backfill, policy.preemption
+        any_guarantee = self.quotas.any_guarantee
+        dl = self.default_limit
+        if self.deep is None:
+            self.deep = AggregateLine(cl)
+        deep = self.deep
+        # reasons by shape, valid while the job ahead named in them stays the same
+        reason_of: dict[tuple[int, str | None], str] = {}
+        named = (self.fifo_blocked, self.top_reserved)
+        for j in ordered[first:]:
+            jid = j.id
+            if jid in waiting_dep:
+                later.append(j)
+                continue
+            k = j.gpus
+            gt = j.gpu_type
+            view = views.get(gt)
+            kind = kinds.get((j.user, j.group, j.array_job_id, j.array_max_running, j.priority))
+            if (k <= 0 or view is None or kind is None or k > view.max_size or j.offpeak
+                    or (j.begin is not None and j.begin > now)):
+                self._place_now(j)
+                continue
+            limit = float(j.time_limit_s or dl)
+            lims, mtl = kind
+            if mtl is not None and limit > mtl:
+                self._place_now(j)
+                continue
+            blocked: Limit | None = None
+            for lim, per_gpu in lims:
+                if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                    blocked = lim
+                    break
+            shape = (k, gt)
+            if blocked is None:
+                if view.free_pids and limit < failed_shapes.get(shape, INF) and (
+                        backfill or self.fifo_blocked is None):
+                    self._place_now(j)  # it may start now
+                    continue
+                if preempt and (any_guarantee or j.priority == "urgent") and (
+                        k < failed_preempt.get((gt, j.user, j.group, j.priority), INF)):
+                    self._place_now(j)  # it may preempt
+                    continue
+                if named != (self.fifo_blocked, self.top_reserved) or not self.reason_cache:
+                    named = (self.fifo_blocked, self.top_reserved)
+                    reason_of = {}
+                why = reason_of.get(shape)
+                if why is None:
+                    why = reason_of[shape] = self._waiting_reason(view, k, gt)
+            else:
+                why = blocked.reason
+            t = now
+            for lim, per_gpu in lims:  # Limit.earliest, inlined
+                a = k if per_gpu else 1
+                if lim.line_used + a > lim.cap:
+                    if a > lim.cap:
+                        t = INF
+                        break
+                    line = lim.line
+                    while lim.line_used + a > lim.cap and line:
+                        e, used = heappop(line)
+                        lim.line_used -= used
+                        if e > t:
+                            t = e
+            if not backfill and t < self.last_start:
+                t = self.last_start
+            limit_s[jid] = limit
+            reasons[jid] = why
+            if t != INF:
+                sf = shape_floor.get(shape)
+                if sf is None:
+                    sf = shape_floor[shape] = cl.earliest(view, k)
+                start = deep.take(cl, view, k, limit, t if t > sf else sf) if sf != INF else INF
+            else:
+                start = INF
+            if start == INF:
+                expected[jid] = None
+                continue
+            if self.top_reserved is None and start > now:
+                self.top_reserved = jid
+            if self.fifo_blocked is None and blocked is None:
+                self.fifo_blocked = jid
+            if not backfill:
+                self.last_start = start
+            end = start + limit
+            for lim, per_gpu in lims:
+                a = k if per_gpu else 1
+                if start <= now:
+                    lim.now_used += a
+                lim.line_used += a
+                heappush(lim.line, (end, a))
+            expected[jid] = start
+
+    # ------------------------------------------------------------------ cost controls
+    def _shape_failed(self, view: View, k: int, gpu_type: str | None, limit: float) -> None:
+        """k GPUs of this type cannot start now for `limit`: nor can more GPUs or a longer limit."""
+        failed = self.failed_shapes
+        for kk in range(k, view.max_size + 1):
+            if failed.get((kk, gpu_type), INF) > limit:
+                failed[(kk, gpu_type)] = limit
+
+    def _cluster_changed(self) -> None:
+        self.shape_floor.clear()
+        self.reason_cache.clear()
+
+    def _waiting_reason(self, view: View, k: int, gpu_type: str | None) -> str:
+        key = (k, gpu_type, self.fifo_blocked, self.top_reserved)
+        why = self.reason_cache.get(key)
+        if why is None:
+            if self.fifo_blocked is not None and not self.policy.backfill:
+                why = f"behind job {self.fifo_blocked} (first in line)"
+            elif self.top_reserved is not None and self.cluster.free_count(view, k):
+                why = f"behind job {self.top_reserved} (reserved)"
+            else:
+                why = f"waiting for {k} free {view.label if k > 1 or view.label != 'GPUs' else 'GPU'}"
+            self.reason_cache[key] = why
+        return why
+
+    def _deep_estimate(self, view: View, k: int, gpu_type: str | None, limit: float, floor: float) -> float:
+        """Expected start of a job past the reservation depth: the aggregate line from `floor`,
+        never earlier than the detailed time line first has k GPUs of this view on one host."""
+        cl = self.cluster
+        key = (k, gpu_type)
+        shape_floor = self.shape_floor.get(key)
+        if shape_floor is None:
+            shape_floor = self.shape_floor[key] = cl.earliest(view, k)
+        if shape_floor == INF:
+            return INF
+        if self.deep is None:
+            self.deep = AggregateLine(cl)
+        return self.deep.take(cl, view, k, limit, floor if floor > shape_floor else shape_floor)
 
     def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float) -> None:
         for lim, per_gpu in lims:
@@ -308,8 +501,15 @@ class _Cycle:
         return f"group {j.group}"
 
     def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
+        # victims and free GPUs only shrink, and GPUs in use only grow, during a walk: a
+        # failed attempt (or a job beyond its guarantee) fails again
+        memo = (j.gpu_type, j.user, j.group, j.priority)
+        failed = self.failed_preempt
+        if k >= failed.get(memo, INF):
+            return False
         urgent = j.priority == "urgent"
         if not urgent and not (self.quotas.any_guarantee and self._within_guarantee(j, k)):
+            failed[memo] = min(k, failed.get(memo, k))
             return False
         cl = self.cluster
         if self.candidates is None:
@@ -321,12 +521,14 @@ class _Cycle:
                 if p is not None:
                     self.candidates.setdefault(p, []).append(r)
         if not self.candidates:
+            failed[memo] = min(k, failed.get(memo, k))
             return False
         pids = set(view.pids)
         cands = {p: js for p, js in self.candidates.items() if p in pids and js}
         free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
         chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
         if chosen is None:
+            failed[memo] = min(k, failed.get(memo, k))
             return False
         p, victims = chosen
         why = "urgent" if urgent else f"guarantee of {self._guarantee_owner(j, k)}"
@@ -343,6 +545,7 @@ class _Cycle:
             gpus += sorted(i for i in cl.free[p] if i not in cl.hole[p])[:need]
         start = self.now + self.policy.preempt_grace_s
         cl.reserve_on(p, gpus[:k], limit, start)
+        self._cluster_changed()
         self._book(j, self._limits_of(j), start, start + limit)
         self.plan.reasons[j.id] = victims_text(victims)
         self.expected[j.id] = start
