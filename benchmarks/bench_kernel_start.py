@@ -100,6 +100,8 @@ class Server:
         kc.start_channels()
         try:
             while True:
+                if time.perf_counter() - t0 > 120:
+                    raise SystemExit(f"kernel {kernel_name} ({kernel_id}) did not answer kernel_info within 120 s")
                 kc.kernel_info()
                 try:
                     reply = kc.get_shell_msg(timeout=2)

@@ -52,6 +52,11 @@ _LIVE: weakref.WeakSet[GPUKernelProvisioner] = weakref.WeakSet()
 _RECONCILED: set[str] = set()
 #: Background tasks started here (kept referenced until done).
 _TASKS: set[asyncio.Task[Any]] = set()
+#: One client per (engine, token, event loop), shared by the kernels of this process: making
+#: an httpx client (its SSL context) costs tens of milliseconds, a kernel start's budget.
+_CLIENTS: dict[tuple[str | None, str | None, int], AsyncGPUJobsClient] = {}
+#: Engine URL -> {GPU index: uuid} and whether its GPUs are fake (the inventory does not change).
+_GPU_INFO: dict[str, tuple[dict[int, str], bool]] = {}
 
 
 class GPUKernelStartError(web.HTTPError):
@@ -185,13 +190,18 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self._client is None:
             url = self.url or os.environ.get("GPUJOBS_URL") or None
             token = self.token or None
-            try:
-                if url:
-                    self._client = AsyncGPUJobsClient(url, token, self.request_timeout)
-                else:  # finding a running server does blocking I/O: keep it off the event loop
-                    self._client = await asyncio.to_thread(AsyncGPUJobsClient, None, token, self.request_timeout)
-            except GPUJobsError as err:
-                raise GPUKernelStartError(f"cannot queue a GPU kernel: {err.message}") from None
+            key = (url, token, id(asyncio.get_running_loop()))
+            client = _CLIENTS.get(key)
+            if client is None:
+                try:
+                    if url:
+                        client = AsyncGPUJobsClient(url, token, self.request_timeout)
+                    else:  # finding a running server does blocking I/O: keep it off the event loop
+                        client = await asyncio.to_thread(AsyncGPUJobsClient, None, token, self.request_timeout)
+                except GPUJobsError as err:
+                    raise GPUKernelStartError(f"cannot queue a GPU kernel: {err.message}") from None
+                _CLIENTS[key] = client
+            self._client = client
         return self._client
 
     # ================================================================= launch
@@ -260,7 +270,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                               max_wait: int | None) -> dict[str, Any]:
         t0 = time.monotonic()
         deadline = None if max_wait is None else t0 + max_wait
-        interval = 0.02
+        interval = 0.01
         next_note = t0 + 30.0
         while True:
             if job["state"] == "RUNNING":
@@ -310,14 +320,19 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         }
         if job.get("time_limit_s"):
             env["GPUJOBS_TIME_LIMIT"] = str(job["time_limit_s"])
-        try:
-            answer = await (await self._get_client()).api("GET", "gpus")
-            mine = [g for g in answer["gpus"] if g.get("job_id") == job["id"]]
-            if mine:
-                env["GPUJOBS_GPU_UUIDS"] = ",".join(g["uuid"] for g in mine)
-            self._fake_gpus = answer.get("backend") == "fake"
-        except (GPUJobsError, KeyError, TypeError):
-            pass
+        client = await self._get_client()
+        uuids, fake = _GPU_INFO.get(client.url, ({}, False))
+        if not all(i in uuids for i in job["assigned_gpus"]):
+            try:
+                answer = await client.api("GET", "gpus")
+                uuids = {int(g["index"]): str(g["uuid"]) for g in answer["gpus"] if g.get("host") in (None, job.get("host"))}
+                fake = answer.get("backend") == "fake"
+                _GPU_INFO[client.url] = (uuids, fake)
+            except (GPUJobsError, KeyError, TypeError, ValueError):
+                pass
+        if all(i in uuids for i in job["assigned_gpus"]):
+            env["GPUJOBS_GPU_UUIDS"] = ",".join(uuids[i] for i in job["assigned_gpus"])
+        self._fake_gpus = fake
         if self._fake_gpus:
             env["GPUJOBS_FAKE"] = "1"  # the fake backend sees the kernel on its GPUs
         return env
@@ -450,10 +465,6 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         self._forget_job()  # an automatic restart (autorestart=True) queues a new job
         if not self.autorestart:
             _LIVE.discard(self)  # Jupyter drops the dead kernel without a cleanup
-            if self._client is not None:
-                client, self._client = self._client, None
-                with contextlib.suppress(Exception):
-                    await client.aclose()
 
     async def _shutdown_kernel(self) -> None:
         """Shut this kernel down the way the server would (so it leaves the kernel list)."""
@@ -515,11 +526,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not restart:
             await self._end(*(self._pending_end or ("COMPLETED", "kernel shut down")))
             self._forget_job()
-            _LIVE.discard(self)
-            if self._client is not None:
-                client, self._client = self._client, None
-                with contextlib.suppress(Exception):
-                    await client.aclose()
+            _LIVE.discard(self)  # the client is shared by this process's kernels: kept open
         await super().cleanup(restart=restart)
 
     # ================================================================= persistence
