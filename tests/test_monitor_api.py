@@ -1,7 +1,10 @@
-"""The monitor on a real Jupyter server with fake GPUs 2xA100 and real job processes:
+"""The monitor on a real Jupyter server with fake GPUs 4xA100 and real job processes:
 each detector (out of memory, three failures in a row, an idle hog, a rogue process), per-job
 GPU stats, the Prometheus endpoint parsed by prometheus_client, usage and the heatmap over
-seeded history, and draining a GPU."""
+seeded history, and draining a GPU.
+
+Fake GPUs are seen through the processes of the whole machine, and other test runs use fake
+GPUs 0 and 1: the tests drain those two and run on GPUs 2 and 3, so exact values hold."""
 
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ A100_MB = 40960
 
 @pytest.fixture
 def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
-    return {**gpujobs_config, "sample_interval": 0.3, "idle_hog_after": 2, "idle_hog_threshold": 5.0}
+    return {**gpujobs_config, "fake_gpus": "4xA100", "sample_interval": 0.3, "idle_hog_after": 2,
+            "idle_hog_threshold": 5.0}
 
 
 @pytest.fixture
@@ -34,6 +38,8 @@ def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[An
     """The server's Monitor, started (pytest-jupyter does not run the extension's start hook)."""
     m = jp_serverapp.web_app.settings["gpujobs_monitor"]
     jp_asyncio_loop.run_until_complete(m.start())
+    for index in (0, 1):
+        m.drain("localhost", index, True, "tests", "shared with other test runs")
     yield m
     # stop what a failed test left running through the engine, so whole job trees end
     for job in list(engine.running()):
@@ -43,6 +49,16 @@ def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[An
 
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
+
+
+def in_child(code: str, **child_env: str) -> list[str]:
+    """A job whose GPU work runs in a child process. The fake backend may first see a job's
+    process between the supervisor's fork and exec, with the supervisor's environment, and
+    then take it for a non-GPU process for a while; a child forked after the exec is always
+    seen. `child_env` overrides what the child declares (GPUJOBS_FAKE_UTIL, ..._MEM_MB)."""
+    return py("import os, subprocess, sys\n"
+              f"env = {{**os.environ, **{child_env!r}}}\n"
+              f"sys.exit(subprocess.call([sys.executable, '-c', {code!r}], env=env) & 0xFF)")
 
 
 async def submit(api: Any, command: list[str], **extra: Any) -> dict[str, Any]:
@@ -85,8 +101,8 @@ async def test_out_of_memory_in_the_log(api: Any, monitor: Any) -> None:
 
 
 async def test_memory_at_the_limit_before_a_crash(api: Any, monitor: Any) -> None:
-    job = await submit(api, py("import os, time\ntime.sleep(1.5)\nos.abort()"),
-                       env={"GPUJOBS_FAKE_MEM_MB": str(A100_MB)})
+    job = await submit(api, in_child("import os, time\ntime.sleep(1.5)\nos.abort()", GPUJOBS_FAKE_MEM_MB=str(A100_MB)),
+                       env={"GPUJOBS_FAKE_MEM_MB": "0"})
     end = await ended(api, job["id"])
     assert end["state"] == "FAILED"
     f = await finding(api, kind="oom", job=job["id"])
@@ -114,7 +130,7 @@ async def test_three_failures_in_a_row(api: Any, monitor: Any) -> None:
 
 
 async def test_idle_hog(api: Any, monitor: Any) -> None:
-    job = await submit(api, py("import time; time.sleep(30)"), name="notebook-left-open")
+    job = await submit(api, in_child("import time; time.sleep(30)"), name="notebook-left-open")
     f = await finding(api, kind="idle_hog", job=job["id"], timeout=12)
     assert f["open"] and f["job_id"] == job["id"]
     assert "at ~0% utilization" in f["message"] and f["data"]["idle_s"] >= 2
@@ -125,18 +141,20 @@ async def test_idle_hog(api: Any, monitor: Any) -> None:
 
 
 async def test_busy_job_is_no_idle_hog_and_has_stats(api: Any, monitor: Any) -> None:
-    job = await submit(api, py("import time\nend = time.time() + 3.5\nwhile time.time() < end: pass"))
+    job = await submit(api, in_child("import time\nend = time.time() + 3.5\nwhile time.time() < end: pass",
+                                     GPUJOBS_FAKE_MEM_MB="500"), env={"GPUJOBS_FAKE_MEM_MB": "0"})
     end = await ended(api, job["id"])
     assert end["state"] == "COMPLETED"
     status, stats = await api("GET", f"jobs/{job['id']}/stats")
     # a busy loop looks busy (its CPU share: less than 100 % on a loaded machine)
     assert stats["samples"] >= 5 and stats["utilization_mean"] > 10 and stats["utilization_max"] > 20
     assert stats["memory_max_mb"] == 500, "the fake backend's default per process"
+    assert end["assigned_gpus"][0] in (2, 3)
     assert not mstore.list_findings(monitor.store, kind="idle_hog", job_id=job["id"])
 
 
 async def test_rogue_process_is_reported_and_cleared(api: Any, monitor: Any) -> None:
-    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "1", "GPUJOBS_FAKE_MEM_MB": "777"}
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "3", "GPUJOBS_FAKE_MEM_MB": "777"}
     env.pop("GPUJOBS_JOB_ID", None)
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
     try:
@@ -145,7 +163,7 @@ async def test_rogue_process_is_reported_and_cleared(api: Any, monitor: Any) -> 
             return next((f for f in body["findings"] if f["pid"] == proc.pid), None)
 
         f = await wait_for(mine, timeout=10)
-        assert f["gpu"] == 1 and "without an allocation" in f["message"] and "777 MB" in f["message"]
+        assert f["gpu"] == 3 and "without an allocation" in f["message"] and "777 MB" in f["message"]
         assert f["action"] == "", "the default policy only warns"
         assert proc.poll() is None
     finally:
@@ -181,8 +199,8 @@ async def test_job_processes_are_not_rogue(api: Any, monitor: Any) -> None:
 async def test_metrics_endpoint(api: Any, monitor: Any, jp_fetch: Any) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    busy = await submit(api, py("import time; time.sleep(30)"),
-                        env={"GPUJOBS_FAKE_UTIL": "70", "GPUJOBS_FAKE_MEM_MB": "1234"})
+    busy = await submit(api, in_child("import time; time.sleep(30)", GPUJOBS_FAKE_UTIL="70", GPUJOBS_FAKE_MEM_MB="1234"),
+                        env={"GPUJOBS_FAKE_UTIL": "0", "GPUJOBS_FAKE_MEM_MB": "0"})
     other = await submit(api, py("import time; time.sleep(30)"))
     await submit(api, py("pass"), priority="high")
     await submit(api, py("pass"), priority="low")
@@ -206,7 +224,7 @@ async def test_metrics_endpoint(api: Any, monitor: Any, jp_fetch: Any) -> None:
         return hits[0]
 
     util = families["DCGM_FI_DEV_GPU_UTIL"].samples
-    assert {s.labels["gpu"] for s in util} == {"0", "1"}
+    assert {s.labels["gpu"] for s in util} == {"0", "1", "2", "3"}
     assert set(util[0].labels) == {"gpu", "UUID", "modelName", "Hostname"}
     assert value("DCGM_FI_DEV_GPU_UTIL", gpu=str(gpu)) == 70
     assert value("DCGM_FI_DEV_FB_USED", gpu=str(gpu)) == 1234
@@ -258,9 +276,9 @@ async def test_usage_and_heatmap_api_on_seeded_history(api: Any, monitor: Any) -
 
 
 async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
-    status, body = await api("POST", "gpus/drain", {"gpu": 0, "reason": "fan noise"})
+    status, body = await api("POST", "gpus/drain", {"gpu": 2, "reason": "fan noise"})
     assert status == 200, body
-    assert [g["draining"] for g in body["gpus"]] == [True, False]
+    assert [g["draining"] for g in body["gpus"]] == [True, True, True, False]
     job = await submit(api, py("import time; time.sleep(20)"))
 
     async def running() -> Any:
@@ -268,13 +286,19 @@ async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
         return view if view["state"] == "RUNNING" else None
 
     view = await wait_for(running)
-    assert view["assigned_gpus"] == [1], "nothing new starts on a draining GPU"
+    assert view["assigned_gpus"] == [3], "nothing new starts on a draining GPU"
     f = await finding(api, kind="gpu_drained", open="1")
-    assert "fan noise" in f["message"]
+    assert "fan noise" in f["message"] and f["gpu"] == 2
+    # drained GPUs are stored: a monitor started on this store (after a restart) knows them
+    from jupyter_gpujobs.monitor import Monitor
+
+    fresh = Monitor(monitor.service)
+    fresh.load()
+    assert fresh.drained == {("localhost", 0), ("localhost", 1), ("localhost", 2)}
     status, resolved = await api("POST", "findings/resolve", {"id": f["id"]})
     assert status == 200 and not resolved["open"]
     status, gpus = await api("GET", "gpus")
-    assert not any(g["draining"] for g in gpus["gpus"])
+    assert [g["draining"] for g in gpus["gpus"]] == [True, True, False, False]
     status, err = await api("POST", "gpus/drain", {"gpu": 7})
     assert status == 404 and err["field"] == "gpu"
     await api("DELETE", f"jobs/{job['id']}")

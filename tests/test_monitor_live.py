@@ -1,6 +1,6 @@
 """The monitor in a real `jupyter server` process: `jupyter gpujobs usage` / `usage --heatmap` /
-`findings` in the terminal over seeded history, `rogue_policy = "kill"` stopping a process
-started outside the queue, and a drained GPU staying drained across a server restart."""
+`findings` in the terminal over seeded history, and `rogue_policy = "kill"` stopping a process
+started outside the queue."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:
 
 
 def test_rogue_policy_kill(live_server: Any) -> None:
-    server = live_server(fake_gpus="2xA100", config={"sample_interval": 0.3, "rogue_policy": "kill"})
-    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "0"}
+    server = live_server(fake_gpus="4xA100", config={"sample_interval": 0.3, "rogue_policy": "kill"})
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "3"}  # a GPU other test runs leave alone
     env.pop("GPUJOBS_JOB_ID", None)
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
     try:
@@ -83,20 +83,4 @@ def test_rogue_policy_kill(live_server: Any) -> None:
     findings = client.api("GET", "findings", params={"kind": "rogue_process"})["findings"]
     mine = [f for f in findings if f["pid"] == proc.pid]
     assert mine and mine[0]["action"] == "terminated" and "rogue_policy=kill" in mine[0]["message"]
-    assert "GPU 0" in server.server_log() and str(proc.pid) in server.server_log()
-
-
-def test_drained_gpu_stays_drained_after_restart(live_server: Any) -> None:
-    server = live_server(fake_gpus="2xA100")
-    client = server.client()
-    client.api("POST", "gpus/drain", body={"gpu": 1, "reason": "ECC errors seen by hand"})
-    server.kill()
-    server.start()
-    client = server.client()
-    assert [g["draining"] for g in client.gpus()] == [False, True]
-    job = client.submit([PY, "-c", "pass"], gpus=2, time_limit="1m")
-    time.sleep(1.5)
-    assert client.job(job["id"])["state"] == "PENDING", "a 2-GPU job cannot start while GPU 1 drains"
-    drained = client.api("GET", "findings", params={"kind": "gpu_drained", "open": "1"})["findings"]
-    client.api("POST", "findings/resolve", body={"id": drained[0]["id"]})
-    assert client.wait(job["id"], timeout=15)["state"] == "COMPLETED"
+    assert "GPU 3" in server.server_log() and str(proc.pid) in server.server_log()
