@@ -30,8 +30,10 @@ from queue import Empty
 
 import httpx
 
-LEAN = [f"--ServerApp.jpserver_extensions={name}=False"
-        for name in ("jupyterlab", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")]
+LEAN = [*(f"--ServerApp.jpserver_extensions={name}=False"
+          for name in ("jupyterlab", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")),
+        # other servers' fake backends on this machine would see marked kernels on "their" GPUs
+        "--GPUKernelProvisioner.mark_fake_gpu_use=False"]
 
 
 def _port() -> int:

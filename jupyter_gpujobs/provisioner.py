@@ -148,6 +148,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                        help="Let Jupyter restart a GPU kernel that died by itself. Off (default): its job "
                             "ends FAILED 'kernel died', its GPUs go back to the queue and the notebook "
                             "shows the kernel as dead. On: the restart queues a new job.")
+    mark_fake_gpu_use = Bool(True, config=True,
+                             help="On fake GPUs, set GPUJOBS_FAKE=1 in the kernel so the fake backend counts "
+                                  "the kernel's CPU load as its GPUs' utilization (as it does for jobs).")
     url = Unicode("", config=True, help="Engine URL (default: GPUJOBS_URL, set by the server extension).")
     token = Unicode("", config=True, help="Engine token (default: GPUJOBS_TOKEN).")
 
@@ -333,7 +336,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         if all(i in uuids for i in job["assigned_gpus"]):
             env["GPUJOBS_GPU_UUIDS"] = ",".join(uuids[i] for i in job["assigned_gpus"])
         self._fake_gpus = fake
-        if self._fake_gpus:
+        if self._fake_gpus and self.mark_fake_gpu_use:
             env["GPUJOBS_FAKE"] = "1"  # the fake backend sees the kernel on its GPUs
         return env
 

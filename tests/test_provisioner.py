@@ -23,8 +23,11 @@ from jupyter_gpujobs.provisioner import GPUKernelProvisioner, GPUKernelStartErro
 # ----------------------------------------------------------------------------- helpers
 
 #: A kernel needs none of the other server extensions; without them a server starts in half the time.
-LEAN = [f"--ServerApp.jpserver_extensions={name}=False"
-        for name in ("jupyterlab", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")]
+#: The fake backend sees every process of the machine marked GPUJOBS_FAKE=1, so other tests' servers
+#: (a rogue-process killer among them) would see these kernels on "their" GPUs: do not mark them.
+LEAN = [*(f"--ServerApp.jpserver_extensions={name}=False"
+          for name in ("jupyterlab", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")),
+        "--GPUKernelProvisioner.mark_fake_gpu_use=False"]
 
 
 def install_spec(server: Any, name: str, *options: str) -> None:
@@ -161,6 +164,8 @@ def test_kernel_gets_its_gpu_and_a_second_one_waits(live_server: Any, kernels: A
     assert k.evaluate(first, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
     assert k.evaluate(first, "os.environ['NVIDIA_VISIBLE_DEVICES']") == "0"
     assert k.evaluate(first, "os.environ['CUDA_DEVICE_ORDER']") == "PCI_BUS_ID"
+    assert k.evaluate(first, "os.environ['GPUJOBS_GPU_UUIDS']").startswith("GPU-fake-0000-")
+    assert k.evaluate(first, "os.environ.get('GPUJOBS_FAKE')") == "None"  # c.GPUKernelProvisioner reached it
     assert k.evaluate(first, "os.environ['GPUJOBS_JOB_ID']") == str(job["id"])
     assert gpu_holder(client) == job["id"]
     k.evaluate(first, "os.getpid()")
