@@ -1,55 +1,85 @@
 """Replay every trace through the simulator under fifo, fifo+backfill and default.
 
-    python benchmarks/replay.py                 # every trace in ../shared/traces
+    python benchmarks/replay.py                 # every trace in ../shared/traces, whole traces
     python benchmarks/replay.py DIR --limit 3000 # another folder, first 3000 jobs of each
 
 For each trace the cluster (8-GPU hosts) is sized so that the trace's mean GPU demand is 90 %
-of it (real contention); the size is printed. Then one table of metrics per trace, the three
-policies side by side, and the cycle benchmark at 10k pending x 512 GPUs with all policies.
+of it (real contention); the size is printed. The policies run in parallel processes, one per
+policy, plus `greedy` (sim.GREEDY: submit order, no reservations, a job starts whenever it fits),
+the work-conserving reference for utilization. Then one table per trace, the policies side by
+side, the targets of the default policy against fifo, and the cycle benchmark at 10k pending x
+512 GPUs with all policies.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from jupyter_gpujobs.sim import POLICIES, contention_cluster, read_trace, simulate  # noqa: E402
+from jupyter_gpujobs.model import Policy  # noqa: E402
+from jupyter_gpujobs.sim import GREEDY, POLICIES, contention_cluster, read_trace, simulate  # noqa: E402
 
 ROWS = [("mean_wait", "mean wait s"), ("p50_wait", "p50 wait s"), ("p99_wait", "p99 wait s"),
         ("mean_jct", "mean JCT s"), ("mean_bsld", "mean bounded slowdown"), ("utilization", "GPU utilization"),
+        ("util_vs_greedy", "utilization / greedy's"), ("utilization_ub", "utilization upper bound (makespan LB)"),
         ("makespan", "makespan s"), ("makespan_lb", "makespan lower bound s"),
         ("worst_user_wait", "worst user's mean wait s"), ("jain_slowdown", "Jain index (user slowdown)"),
         ("predicted_ok", "starts predicted within max(60s,10%)"), ("cycles", "scheduling cycles"),
-        ("wall_s", "replay wall time s")]
+        ("skipped", "event times without a cycle"), ("wall_s", "replay wall time s")]
 
 
-def replay(path: Path, limit: int | None) -> None:
+def _one(args: tuple[str, int | None, str, Policy, int]) -> tuple[str, dict[str, float], dict[str, float]]:
+    path, limit, name, policy, hosts = args
+    trace = read_trace(path, limit)
+    t0 = time.perf_counter()
+    res = simulate(trace, policy, hosts, 8, name)
+    m = res.metrics()
+    m["wall_s"] = time.perf_counter() - t0
+    m["skipped"] = float(res.skipped)
+    return name, m, res.user_waits()
+
+
+def replay(path: Path, limit: int | None, predictions: bool = False, workers: int | None = None) -> None:
     trace = read_trace(path, limit)
     hosts = contention_cluster(trace)
-    print(f"\n## {path.name}: {len(trace)} jobs on {hosts} hosts x 8 = {hosts * 8} GPUs")
-    metrics = {}
-    waits = {}
-    for name, policy in POLICIES.items():
-        t0 = time.perf_counter()
-        res = simulate(trace, policy, hosts, 8, name)
-        m = res.metrics()
-        m["wall_s"] = time.perf_counter() - t0
-        metrics[name] = m
-        waits[name] = res.user_waits()
-    names = list(POLICIES)
-    print(f"{'metric':<40}" + "".join(f"{n:>16}" for n in names) + f"{'default/fifo':>14}")
+    print(f"\n## {path.name}: {len(trace)} jobs on {hosts} hosts x 8 = {hosts * 8} GPUs", flush=True)
+    policies = dict(POLICIES)
+    if predictions:
+        policies["default+pred"] = replace(POLICIES["default"], use_predictions=True)
+    policies["greedy"] = GREEDY
+    t0 = time.perf_counter()
+    jobs = [(str(path), limit, name, pol, hosts) for name, pol in policies.items()]
+    with ProcessPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1)) as pool:
+        out = list(pool.map(_one, jobs))
+    metrics = {name: m for name, m, _ in out}
+    waits = {name: w for name, _, w in out}
+    for m in metrics.values():
+        m["util_vs_greedy"] = m["utilization"] / metrics["greedy"]["utilization"]
+    names = list(policies)
+    print(f"{'metric':<40}" + "".join(f"{n:>15}" for n in names) + f"{'default/fifo':>14}")
     for key, label in ROWS:
         vals = [metrics[n][key] for n in names]
         ratio = metrics["default"][key] / metrics["fifo"][key] if metrics["fifo"][key] else float("nan")
-        print(f"{label:<40}" + "".join(f"{v:>16.3f}" if abs(v) < 100 else f"{v:>16.0f}" for v in vals) + f"{ratio:>14.2f}")
+        print(f"{label:<40}" + "".join(f"{v:>15.3f}" if abs(v) < 100 else f"{v:>15.0f}" for v in vals) + f"{ratio:>14.2f}")
     worse = max((waits["default"][u] / max(1.0, waits["fifo"][u]) for u in waits["fifo"]), default=0.0)
-    print(f"{'worst user: default wait / fifo wait':<40}{worse:>16.2f}")
+    print(f"{'worst user: default wait / fifo wait':<40}{worse:>15.2f}")
+    d, f = metrics["default"], metrics["fifo"]
+    checks = [("mean wait <= 0.3 x fifo", d["mean_wait"] <= 0.3 * f["mean_wait"]),
+              ("mean JCT <= 0.7 x fifo", d["mean_jct"] <= 0.7 * f["mean_jct"]),
+              ("utilization >= 97 % of greedy's", d["util_vs_greedy"] >= 0.97),
+              ("no user's mean wait > 2 x fifo's", worse <= 2.0),
+              (">= 80 % of starts predicted", d["predicted_ok"] >= 0.8)]
+    print("targets (default vs fifo): " + "; ".join(f"{n}: {'met' if ok else 'NOT met'}" for n, ok in checks))
+    print(f"(all policies replayed in {time.perf_counter() - t0:.0f} s wall)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,9 +88,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="folder of trace CSVs (default ../shared/traces relative to the repository)")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each trace")
     ap.add_argument("--repeat", type=int, default=7, help="repetitions of the cycle benchmark")
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: one per policy, at most the CPUs)")
+    ap.add_argument("--predictions", action="store_true",
+                    help="also replay default with use_predictions (see docs/scheduling.md)")
     args = ap.parse_args(argv)
     for path in sorted(Path(args.traces).glob("*.csv")):
-        replay(path, args.limit)
+        replay(path, args.limit, args.predictions, args.workers)
     from bench_scheduler import measure
 
     r = measure(10000, 64, args.repeat)

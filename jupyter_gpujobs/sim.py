@@ -12,7 +12,11 @@ Modelling choices (the trace has no time limits and no hosts):
 - a job wider than one host is folded onto one host (GPUs = GPUs per host) with its duration
   stretched to keep its GPU-seconds;
 - a preempted job goes back to the queue and later runs its whole duration again;
-- fair-share usage is updated with `decay_and_add` before every cycle, as the service does.
+- fair-share usage is updated with `decay_and_add` before every cycle, as the service does;
+- with `policy.use_predictions`, each job's `predicted_runtime_s` comes from the engine's
+  `RuntimePredictor` (key: user + GPUs), fed with the runs that ended before its submit;
+- an event time at which no job arrived and every pending job asks for more GPUs than any
+  host has free runs no cycle (it could start nothing; not done when guarantees could preempt).
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ POLICIES: dict[str, Policy] = {
                             weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None),
     "default": Policy(max_time_limit_s=None, fairshare_half_life_s=86400.0),
 }
+
+#: the work-conserving reference for utilization: greedy list scheduling in submit order, no
+#: reservations at all (reservation_depth=0), so a job starts whenever GPUs on one host fit it
+#: and no GPU idles while a job that fits waits. Its utilization is the bound the others are
+#: measured against (besides the makespan lower bound, see `Result.metrics`).
+GREEDY = replace(POLICIES["fifo+backfill"], reservation_depth=0)
 
 
 def typical_limit(duration: float) -> int:
@@ -87,13 +97,17 @@ class Result:
     work_gpu_s: float = 0.0
     first_submit: float = 0.0
     last_end: float = 0.0
+    last_release: float = 0.0  # max over jobs of submit + duration: no schedule ends before it
     cycles: int = 0
+    skipped: int = 0  # event times at which no cycle was needed (nothing could start)
     preemptions: int = 0
 
     def metrics(self) -> dict[str, float]:
         w = sorted(self.wait)
         span = max(1e-9, self.last_end - self.first_submit)
-        lower = self.work_gpu_s / self.gpus
+        # makespan lower bound: the work spread over every GPU from the first submit, or the
+        # job that ends last if it starts at its submit, whichever is later
+        lower = max(self.work_gpu_s / self.gpus, self.last_release - self.first_submit)
         per_user_wait = {u: sum(x[0] for x in v) / len(v) for u, v in self.users.items()}
         per_user_sd = [sum(x[1] for x in v) / len(v) for v in self.users.values()]
         jain = (sum(per_user_sd) ** 2 / (len(per_user_sd) * sum(x * x for x in per_user_sd))) if per_user_sd else 1.0
@@ -106,6 +120,7 @@ class Result:
             "utilization": self.busy_gpu_s / (self.gpus * span),
             "makespan": span,
             "makespan_lb": lower,
+            "utilization_ub": self.work_gpu_s / (self.gpus * lower) if lower > 0 else 1.0,
             "worst_user_wait": max(per_user_wait.values()),
             "jain_slowdown": jain,
             "predicted_ok": self.predicted_ok / max(1, self.predicted_n),
@@ -147,6 +162,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     res = Result(name, len(todo), len(gpus))
     res.work_gpu_s = sum(duration[i] * jobs[i].gpus for i in duration)
     res.first_submit = todo[0].submit if todo else 0.0
+    res.last_release = max((t.submit + duration[t.id] for t in todo), default=0.0)
     pending: dict[int, Job] = {}
     running: dict[int, Job] = {}
     ends: list[tuple[float, int, int]] = []  # (end, job id, run number) for runs still valid
@@ -157,6 +173,21 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     last_t = res.first_submit
     i = 0
     finished: dict[int, JobState] = {}
+    # skipping idle cycles: a cycle with no new job in which every pending job asks for more
+    # GPUs than any host has free starts nothing, so it is not run (exact, not an
+    # approximation) -- unless the policy could preempt (guarantees configured)
+    free_on: dict[str, int] = {}
+    for g in gpus:
+        free_on[g.host] = free_on.get(g.host, 0) + 1
+    sizes: dict[int, int] = {}  # GPUs asked -> pending jobs asking that many
+    # with policy.use_predictions a job gets the runtime the engine's predictor
+    # (monitor.predict, key user + GPUs) gives from the jobs that ended before its submit
+    predictor = None
+    if policy.use_predictions:
+        from .monitor.predict import RuntimePredictor  # the monitor package is heavy to import
+
+        predictor = RuntimePredictor()
+    may_preempt = policy.preemption and bool(policy.user_quotas or policy.group_quotas or policy.default_user_quota)
     while i < len(todo) or ends:
         t_sub = todo[i].submit if i < len(todo) else math.inf
         t_end = ends[0][0] if ends else math.inf
@@ -167,17 +198,27 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             if runs.get(jid) != run or jid not in running:
                 continue
             job = running.pop(jid)
+            free_on[job.host or ""] = free_on.get(job.host or "", 0) + len(job.assigned_gpus)
             res.busy_gpu_s += (now - _started(job, now)) * job.gpus
             finished[jid] = JobState.COMPLETED
+            if predictor is not None:
+                predictor.add((job.user, str(job.gpus), ""), duration[jid])
             _record(res, jobs[jid], first_start[jid], now, duration[jid])
         while i < len(todo) and todo[i].submit <= now:
             jid = todo[i].id
+            if predictor is not None:
+                p = predictor.predict((jobs[jid].user, str(jobs[jid].gpus), ""))
+                jobs[jid] = replace(jobs[jid], predicted_runtime_s=p.seconds)
             pending[jid] = jobs[jid]
+            sizes[jobs[jid].gpus] = sizes.get(jobs[jid].gpus, 0) + 1
             fresh.append(jid)
             i += 1
         usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s)
         last_t = now
         if not pending:
+            continue
+        if not fresh and not may_preempt and min(sizes) > max(free_on.values()):
+            res.skipped += 1
             continue
         plan = schedule(now, list(pending.values()), list(running.values()), gpus, policy, usage, finished)
         res.cycles += 1
@@ -189,11 +230,17 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             if victim is None:
                 continue
             res.preemptions += 1
+            free_on[victim.host or ""] = free_on.get(victim.host or "", 0) + len(victim.assigned_gpus)
+            sizes[victim.gpus] = sizes.get(victim.gpus, 0) + 1
             res.busy_gpu_s += (now - _started(victim, now)) * victim.gpus
             pending[victim.id] = replace(victim, state=JobState.PENDING, started_at=None, host=None,
                                          assigned_gpus=(), borrowed=False, restarts=victim.restarts + 1)
         for s in plan.starts:
             job = pending.pop(s.job_id)
+            sizes[job.gpus] -= 1
+            if not sizes[job.gpus]:
+                del sizes[job.gpus]
+            free_on[s.host] = free_on.get(s.host, 0) - len(s.gpus)
             job = replace(job, state=JobState.RUNNING, started_at=now, host=s.host, assigned_gpus=s.gpus,
                           borrowed=s.borrowed)
             running[job.id] = job

@@ -121,3 +121,18 @@ def test_preemption_memo_still_lets_an_urgent_job_preempt() -> None:
     plan = schedule(NOW, pending, running, gpus(1, 2), pol)
     assert [(p.job_id, p.by_job_id) for p in plan.preemptions] == [(100, 2)]
     assert plan.reasons[2] == "waiting for preempted job 100 to exit"
+
+
+def test_predictions_change_estimates_only() -> None:
+    running = [Job(id=100 + i, user="bob", gpus=1, state=JobState.RUNNING, host="h0", assigned_gpus=(i,),
+                   started_at=NOW - 100, time_limit_s=3600, predicted_runtime_s=200.0 * (i + 1)) for i in range(4)]
+    pending = [job(i, gpus=1 + i % 2, limit=3600, predicted_runtime_s=300.0) for i in range(1, 12)]
+    for depth in (None, 2):
+        plain = schedule(NOW, pending, running, gpus(1, 4), replace(PLAIN, reservation_depth=depth))
+        pred = schedule(NOW, pending, running, gpus(1, 4), replace(PLAIN, reservation_depth=depth, use_predictions=True))
+        assert pred.starts == plain.starts and pred.order == plain.order and pred.reasons == plain.reasons
+        for jid, est in pred.expected_start.items():
+            assert est is not None and NOW <= est <= plain.expected_start[jid]  # type: ignore[operator]
+        # job 1 (2 GPUs) is expected when the second running job is predicted to end
+        assert pred.order[0] == 1 and pred.expected_start[1] == NOW + 300
+        assert plain.expected_start[plain.order[0]] == NOW + 3500

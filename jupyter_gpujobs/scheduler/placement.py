@@ -208,10 +208,16 @@ class AggregateLine:
 
     __slots__ = ("heaps", "by_view")
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, busy_until: dict[tuple[str, int], float] | None = None):
+        """From the cluster's time line, or with `busy_until` (host, index) -> end from running
+        jobs' ends only (the GPUs not in it are free now)."""
         self.heaps: dict[str, list[float]] = {}
         for p, name in enumerate(cluster.pool_name):
-            self.heaps.setdefault(name, []).extend(t for t, _ in cluster.avail[p])
+            if busy_until is None:
+                self.heaps.setdefault(name, []).extend(t for t, _ in cluster.avail[p])
+            else:
+                host, now = cluster.pool_host[p], cluster.now
+                self.heaps.setdefault(name, []).extend(busy_until.get((host, i), now) for _, i in cluster.avail[p])
         for h in self.heaps.values():
             heapify(h)
         self.by_view: dict[int, list[list[float]]] = {}
@@ -222,6 +228,11 @@ class AggregateLine:
             names = dict.fromkeys(cluster.pool_name[p] for p in view.pids)
             hs = self.by_view[id(view)] = [self.heaps[n] for n in names]
         return hs
+
+    def single(self, cluster: Cluster, view: View) -> list[float] | None:
+        """The heap of a view whose GPUs are all one model, else None."""
+        hs = self._heaps(cluster, view)
+        return hs[0] if len(hs) == 1 else None
 
     def take(self, cluster: Cluster, view: View, k: int, limit: float, floor: float) -> float:
         """The start of a k-GPU job from `floor` on; books its GPUs until start + limit."""

@@ -18,7 +18,7 @@ failed preemption attempts are memoised the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
@@ -70,6 +70,22 @@ class _Cycle:
         self.depth: float = INF if depth is None else max(0, depth)
         self.reserved_n = 0
         self.deep: AggregateLine | None = None
+        # policy.use_predictions: expected starts from predicted runtimes (estimates only)
+        self.pred: AggregateLine | None = None
+        if policy.use_predictions:
+            busy: dict[tuple[str, int], float] = {}
+            for r in running:
+                if r.host is None:
+                    continue
+                end = self.ends[r.id]
+                if r.predicted_runtime_s is not None and r.started_at is not None:
+                    guess = r.started_at + r.predicted_runtime_s
+                    if guess <= now:  # past its prediction: as long again, within its limit
+                        guess = now + r.predicted_runtime_s
+                    end = min(end, guess)
+                for i in r.assigned_gpus:
+                    busy[(r.host, i)] = max(end, now)
+            self.pred = AggregateLine(self.cluster, busy)
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
         self.failed_preempt: dict[tuple[str | None, str, str | None, str], int] = {}
@@ -80,6 +96,7 @@ class _Cycle:
         self.lims_cache: dict[tuple[str, str | None, int | None, int | None, bool], list[tuple[Limit, bool]]] = {}
         self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
         self.default_limit = float(policy.default_time_limit_s)
+        self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
         for j in running:
             self._account_running(j)
 
@@ -164,6 +181,7 @@ class _Cycle:
         self.top_reserved: int | None = None
         self.fifo_blocked: int | None = None
         self.last_start = now
+        self.pred_last = now
         reasons = plan.reasons
         self.offpeak_now = offpeak_now
         for n, j in enumerate(ordered):
@@ -299,6 +317,8 @@ class _Cycle:
                     if self.deep is not None:
                         hole = cl.hole[p]
                         self.deep.started_now(cl.pool_name[p], sum(1 for i in idx if i not in hole), now, now + limit)
+                    if self.pred is not None:
+                        self.pred.started_now(cl.pool_name[p], k, now, now + self._predicted(j, limit))
                     return
             if policy.preemption and self._try_preempt(j, k, limit, view):
                 return
@@ -340,7 +360,7 @@ class _Cycle:
             start = now
         self._book(j, lims, start, start + limit)
         reasons[jid] = why
-        expected[jid] = start
+        expected[jid] = start if self.pred is None or k == 0 else self._predicted_start(j, view, t, limit, start)  # type: ignore[arg-type]
 
     def _walk_deep(self, ordered: list[Job], first: int, waiting_dep: Mapping[int, int],
                    later: list[Job]) -> None:
@@ -358,9 +378,12 @@ class _Cycle:
         if self.deep is None:
             self.deep = AggregateLine(cl)
         deep = self.deep
-        # reasons by shape, valid while the job ahead named in them stays the same
+        # reasons by shape, valid while the GPUs and the job ahead named in them stay the same
         reason_of: dict[tuple[int, str | None], str] = {}
-        named = (self.fifo_blocked, self.top_reserved)
+        named = (self.fifo_blocked, self.top_reserved, self.gen)
+        # the single heap of a view whose GPUs are all one model (the common case), else None
+        single_of: dict[str | None, list[float] | None] = {}
+        pred = self.pred
         for j in ordered[first:]:
             jid = j.id
             if jid in waiting_dep:
@@ -390,12 +413,15 @@ class _Cycle:
                         backfill or self.fifo_blocked is None):
                     self._place_now(j)  # it may start now
                     continue
-                if preempt and (any_guarantee or j.priority == "urgent") and (
-                        k < failed_preempt.get((gt, j.user, j.group, j.priority), INF)):
-                    self._place_now(j)  # it may preempt
-                    continue
-                if named != (self.fifo_blocked, self.top_reserved) or not self.reason_cache:
-                    named = (self.fifo_blocked, self.top_reserved)
+                if preempt and (any_guarantee or j.priority == "urgent"):
+                    pk = (gt, j.user, j.group, j.priority)
+                    if k < failed_preempt.get(pk, INF):
+                        if j.priority == "urgent" or self._within_guarantee(j, k):
+                            self._place_now(j)  # it may preempt
+                            continue
+                        failed_preempt[pk] = k  # beyond its guarantee: as in _try_preempt
+                if named[0] != self.fifo_blocked or named[1] != self.top_reserved or named[2] != self.gen:
+                    named = (self.fifo_blocked, self.top_reserved, self.gen)
                     reason_of = {}
                 why = reason_of.get(shape)
                 if why is None:
@@ -419,16 +445,29 @@ class _Cycle:
                 t = self.last_start
             limit_s[jid] = limit
             reasons[jid] = why
-            if t != INF:
-                sf = shape_floor.get(shape)
-                if sf is None:
-                    sf = shape_floor[shape] = cl.earliest(view, k)
-                start = deep.take(cl, view, k, limit, t if t > sf else sf) if sf != INF else INF
-            else:
-                start = INF
-            if start == INF:
+            if t == INF:
                 expected[jid] = None
                 continue
+            sf = shape_floor.get(shape)
+            if sf is None:
+                sf = shape_floor[shape] = cl.earliest(view, k)
+            if sf == INF:
+                expected[jid] = None
+                continue
+            floor = t
+            if t < sf:
+                t = sf
+            if k == 1:  # AggregateLine.take, inlined for one GPU of one model
+                h = single_of.get(gt, 0)
+                if h == 0:
+                    h = single_of[gt] = deep.single(cl, view)
+                if h is not None:
+                    start = h[0] if h[0] > t else t
+                    heapreplace(h, start + limit)
+                else:
+                    start = deep.take(cl, view, k, limit, t)
+            else:
+                start = deep.take(cl, view, k, limit, t)
             if self.top_reserved is None and start > now:
                 self.top_reserved = jid
             if self.fifo_blocked is None and blocked is None:
@@ -442,7 +481,25 @@ class _Cycle:
                     lim.now_used += a
                 lim.line_used += a
                 heappush(lim.line, (end, a))
-            expected[jid] = start
+            expected[jid] = start if pred is None else self._predicted_start(j, view, floor, limit, start)
+
+    # ------------------------------------------------------------------ predictions
+    def _predicted(self, j: Job, limit: float) -> float:
+        p = j.predicted_runtime_s
+        return limit if p is None or p > limit else max(1.0, p)
+
+    def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
+        """With `use_predictions`: the start on the line of predicted ends (running jobs end at
+        their predicted runtime, waiting ones take theirs), never later than `planned` (the
+        start its reservation or the time-limit estimate gives). Estimates only: no
+        reservation depends on a prediction."""
+        assert self.pred is not None
+        if not self.policy.backfill:
+            floor = max(floor, self.pred_last)
+        t = self.pred.take(self.cluster, view, j.gpus, self._predicted(j, limit), max(floor, self.now))
+        if not self.policy.backfill:
+            self.pred_last = t
+        return t if t < planned else planned
 
     # ------------------------------------------------------------------ cost controls
     def _shape_failed(self, view: View, k: int, gpu_type: str | None, limit: float) -> None:
@@ -453,6 +510,7 @@ class _Cycle:
                 failed[(kk, gpu_type)] = limit
 
     def _cluster_changed(self) -> None:
+        self.gen += 1
         self.shape_floor.clear()
         self.reason_cache.clear()
 
