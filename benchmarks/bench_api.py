@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import LiveServer, free_port  # noqa: E402
+from servers import LiveServer, free_port  # noqa: E402
 
 
 def start_server(tmp: Path, fake: str) -> LiveServer:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import psutil
-from conftest import wait_for
+from servers import wait_for
 
 PY = sys.executable
 

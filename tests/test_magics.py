@@ -86,11 +86,11 @@ class Kernel:
 
 
 def shared_server(tmp_path_factory: pytest.TempPathFactory, fake_gpus: str = "1xA100") -> Iterator[Any]:
-    """One live server for a whole test module: conftest's `live_server` factory, module-scoped
+    """One live server for a whole test module: the `live_server` factory, module-scoped
     (a server start costs seconds; the tests leave no job behind, see `no_job_left`)."""
-    import conftest
+    from servers import live_servers
 
-    factory = conftest.live_server.__wrapped__(tmp_path_factory.mktemp("live"))
+    factory = live_servers(tmp_path_factory.mktemp("live"))
     make = next(factory)
     try:
         yield make(fake_gpus=fake_gpus)

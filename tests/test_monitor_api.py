@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from servers import wait_for
 
 from jupyter_gpujobs.model import GPU, JobState
 from jupyter_gpujobs.store import monitoring as mstore

@@ -1,0 +1,169 @@
+"""Real Jupyter servers with the extension for tests and benchmarks.
+
+`live_servers(tmp_path)` is a generator: its first value is a factory
+`make(fake_gpus="2xA100", config={...})` -> a started `LiveServer` (a `jupyter server`
+subprocess with fake GPUs and its own Jupyter dirs); resuming it stops them all and kills any
+job process left behind. The `live_server` fixture in conftest.py wraps it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FAKE_GPUS = "2xA100"
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Await until `predicate()` (sync or async) returns something truthy; return it."""
+    import asyncio
+    import inspect
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    root: Path
+    state_dir: Path
+    port: int
+    token: str
+    base_url: str
+    env: dict[str, str]
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    _logs: list[Path] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.base_url}"
+
+    def client(self) -> Any:
+        from jupyter_gpujobs.client import GPUJobsClient
+
+        return GPUJobsClient(url=self.url, token=self.token)
+
+    def start(self, timeout: float = 60.0) -> LiveServer:
+        self.log_path = self.state_dir.parent / f"server-{len(self._logs)}.log"
+        self._logs.append(self.log_path)
+        out = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", *self.args], cwd=self.root, env=self.env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter server exited early:\n{self.log_path.read_text()[-4000:]}")
+            try:
+                r = httpx.get(self.url + "gpujobs/api/whoami", headers={"Authorization": f"token {self.token}"},
+                              timeout=1.0)
+                if r.status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"jupyter server did not answer within {timeout}s:\n{self.log_path.read_text()[-4000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the server process only (jobs' supervisors live in their own sessions)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run `jupyter gpujobs ARGS` against this server."""
+        cmd = [sys.executable, "-m", "jupyter_gpujobs.cli", "--url", self.url, "--token", self.token, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout, env=self.env,
+                              cwd=kw.pop("cwd", self.root), **kw)
+
+    def server_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self._logs if p.exists())
+
+
+def live_servers(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    """Factory: `live_server(fake_gpus="2xA100", config={...})` -> a started LiveServer.
+
+    Call `.start()` again after `.kill()` to restart on the same database and state dir.
+    """
+    servers: list[LiveServer] = []
+
+    def make(fake_gpus: str = FAKE_GPUS, config: dict[str, Any] | None = None, base_url: str = "/",
+             start: bool = True, extra_args: list[str] | None = None) -> LiveServer:
+        n = len(servers)
+        root = tmp_path / f"root{n}"
+        root.mkdir()
+        state = tmp_path / f"state{n}"
+        home = tmp_path / f"home{n}"
+        for d in (state, home):
+            d.mkdir()
+        token = f"test-token-{n}"
+        port = free_port()
+        env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(home / "config"),
+            "JUPYTER_DATA_DIR": str(home / "data"),
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "GPUJOBS_FAKE_GPUS": fake_gpus,
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("GPUJOBS_URL", None)
+        env.pop("GPUJOBS_TOKEN", None)
+        args = [
+            "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+            f"--IdentityProvider.token={token}", f"--ServerApp.base_url={base_url}",
+            f"--ServerApp.root_dir={root}", "--ServerApp.jpserver_extensions=jupyter_gpujobs=True",
+            f"--GPUJobs.state_dir={state}", "--GPUJobs.kill_grace=1", "--GPUJobs.preempt_grace=1",
+            "--GPUJobs.tick_interval=0.5", "--allow-root",
+        ]
+        for key, value in (config or {}).items():
+            args.append(f"--GPUJobs.{key}={value}")
+        args += extra_args or []
+        server = LiveServer(root=root, state_dir=state, port=port, token=token, base_url=base_url, env=env,
+                            args=args)
+        servers.append(server)
+        return server.start() if start else server
+
+    yield make
+    for s in servers:
+        s.stop()
+    # no job process may outlive its test
+    for s in servers:
+        run_dir = s.state_dir / "run"
+        if run_dir.exists():
+            subprocess.run(["pkill", "-KILL", "-f", str(run_dir)], check=False)
