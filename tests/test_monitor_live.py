@@ -49,8 +49,6 @@ def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:
     assert lines[2].split() == ["dora", "3.00", "66.7%", "1"]
     assert lines[3].split() == ["eli", "1.50", "33.3%", "1"]
     assert lines[-1].split() == ["total", "4.50"]
-    out = server.cli("usage", "--since", since, "--until", until, "--by", "model")
-    assert out.stdout.splitlines()[2].split() == ["V100", "4.50", "100.0%", "2"]
 
     out = server.cli("usage", "--heatmap", "--since", since, "--until", until)
     assert out.returncode == 0, out.stderr
@@ -62,10 +60,8 @@ def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:
     out = server.cli("usage", "--since", "someday")
     assert out.returncode == 1 and "since" in out.stderr
 
-    job = server.client().submit(["false"], name="oops", gpus=1)
-    server.client().wait(job["id"], timeout=15)
-    out = server.cli("findings", "--all")
-    assert out.returncode == 0 and ("no findings" in out.stdout or "oops" not in out.stdout)
+    out = server.cli("findings", "--kind", "oom")
+    assert out.returncode == 0 and out.stdout.strip() == "no findings"
 
 
 def test_rogue_policy_kill(live_server: Any) -> None:
@@ -82,5 +78,5 @@ def test_rogue_policy_kill(live_server: Any) -> None:
     client = server.client()
     findings = client.api("GET", "findings", params={"kind": "rogue_process"})["findings"]
     mine = [f for f in findings if f["pid"] == proc.pid]
-    assert mine and mine[0]["action"] == "terminated" and "rogue_policy=kill" in mine[0]["message"]
+    assert len(mine) == 1 and mine[0]["action"] == "terminated" and "rogue_policy=kill" in mine[0]["message"]
     assert "GPU 3" in server.server_log() and str(proc.pid) in server.server_log()

@@ -217,3 +217,14 @@ def test_parse_time() -> None:
     with pytest.raises(InvalidInput) as err:
         parse_time("yesterday-ish", now, "since", 0)
     assert err.value.field == "since"
+
+
+def test_rollup_of_a_gpu_back_after_a_long_absence(store: Store) -> None:
+    old = datetime(2026, 3, 2, 10, 0).timestamp()
+    now = old + 30 * 86400
+    mstore.add_samples(store, [_sample(1, now - 7200 + i * 10, 40.0) for i in range(360)])  # GPU 1: recent
+    mstore.rollup(store, now, raw_keep_s=600, minute_keep_s=7200, hour_keep_s=400 * 86400)
+    mstore.add_samples(store, [_sample(0, old + 60, 90.0)])  # GPU 0: a month-old reading arrives
+    mstore.rollup(store, now + 60, raw_keep_s=600, minute_keep_s=7200, hour_keep_s=400 * 86400)
+    report = heatmap_report(store, old - 3600, old + 3600)
+    assert report["utilization"][0][10] == 90.0, "rolled up into an hour row before the raw row was pruned"

@@ -29,6 +29,7 @@ class ProcessResolver:
     def __init__(self, ignore_names: tuple[str, ...] = ()):
         self.ignore_names = {n.lower() for n in ignore_names}
         self._static: dict[tuple[int, float], tuple[int | None, str | None, str]] = {}
+        self._unresolved: set[tuple[int, int]] = set()  # (GPU, pid) not visible at the last reading
         self._protected = {os.getpid()}
         try:
             self._protected.update(p.pid for p in psutil.Process().parents())
@@ -63,16 +64,20 @@ class ProcessResolver:
                 supervisors: Mapping[int, tuple[int, float | None]]) -> list[ProcessInfo]:
         """`supervisors`: shim pid -> (job id, shim create time). One ProcessInfo per (process, GPU)."""
         out: list[ProcessInfo] = []
+        unresolved: set[tuple[int, int]] = set()
         for index, procs in processes.items():
             for gp in procs:
                 try:
                     proc = psutil.Process(gp.pid)
                     create_time = proc.create_time()
                 except psutil.NoSuchProcess:
-                    # gone since the backend listed it, or (in a container) a pid of another
-                    # pid namespace: whose it is cannot be told from here
-                    out.append(ProcessInfo(pid=gp.pid, gpu_index=index, owner_job=None,
-                                           used_memory_mb=gp.used_memory_mb, unresolved=True))
+                    # gone since the backend listed it, or (in a container) a pid of another pid
+                    # namespace, whose owner cannot be told from here: the second kind stays, so
+                    # it counts from its second reading on
+                    unresolved.add((index, gp.pid))
+                    if (index, gp.pid) in self._unresolved:
+                        out.append(ProcessInfo(pid=gp.pid, gpu_index=index, owner_job=None,
+                                               used_memory_mb=gp.used_memory_mb, unresolved=True))
                     continue
                 except psutil.Error:
                     continue
@@ -84,6 +89,7 @@ class ProcessResolver:
                 out.append(ProcessInfo(pid=gp.pid, gpu_index=index, owner_job=owner, user=user, name=name,
                                        used_memory_mb=gp.used_memory_mb, create_time=create_time,
                                        ignored=ignored))
+        self._unresolved = unresolved
         return out
 
     @staticmethod

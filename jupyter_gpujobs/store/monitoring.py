@@ -201,27 +201,34 @@ def _bucket(rows: Sequence[GPUSampleRow], start: float) -> SampleValues:
 
 
 def _roll(s: Any, source: int, target: int, now: float) -> int:
-    """Build `target` buckets from `source` rows of complete buckets not rolled up yet."""
+    """Build `target` buckets from `source` rows of complete buckets not rolled up yet, per GPU
+    from its last bucket on (a GPU back after a long absence keeps its old rows)."""
     cutoff = math.floor(now / target) * target
     done = {(h, i): t for h, i, t in s.execute(
         select(GPUSampleRow.host, GPUSampleRow.gpu_index, func.max(GPUSampleRow.time))
         .where(GPUSampleRow.resolution == target)
         .group_by(GPUSampleRow.host, GPUSampleRow.gpu_index)).all()}
-    q = select(GPUSampleRow).where(GPUSampleRow.resolution == source, GPUSampleRow.time < cutoff)
-    if done:
-        # a GPU first seen now has only recent rows, so the oldest finished bucket bounds the scan
-        q = q.where(GPUSampleRow.time >= min(done.values()) + target)
-    groups: dict[tuple[str, int, float], list[GPUSampleRow]] = {}
-    for row in s.scalars(q).all():
-        start = math.floor(row.time / target) * target
-        last = done.get((row.host, row.gpu_index))
-        if last is not None and start <= last:
+    firsts = s.execute(
+        select(GPUSampleRow.host, GPUSampleRow.gpu_index, func.min(GPUSampleRow.time))
+        .where(GPUSampleRow.resolution == source, GPUSampleRow.time < cutoff)
+        .group_by(GPUSampleRow.host, GPUSampleRow.gpu_index)).all()
+    buckets = []
+    for host, index, first in firsts:
+        last = done.get((host, index))
+        low = first if last is None else max(first, last + target)
+        if low >= cutoff:
             continue
-        groups.setdefault((row.host, row.gpu_index, start), []).append(row)
-    if groups:
-        s.execute(insert(GPUSampleRow), [_sample_dict(_bucket(rows, start), target)
-                                         for (_, _, start), rows in groups.items()])
-    return len(groups)
+        groups: dict[float, list[GPUSampleRow]] = {}
+        for row in s.scalars(select(GPUSampleRow).where(
+                GPUSampleRow.host == host, GPUSampleRow.gpu_index == index, GPUSampleRow.resolution == source,
+                GPUSampleRow.time >= low, GPUSampleRow.time < cutoff)).all():
+            start = math.floor(row.time / target) * target
+            if last is None or start > last:
+                groups.setdefault(start, []).append(row)
+        buckets += [_sample_dict(_bucket(rows, start), target) for start, rows in groups.items()]
+    if buckets:
+        s.execute(insert(GPUSampleRow), buckets)
+    return len(buckets)
 
 
 def rollup(store: Store, now: float, raw_keep_s: float, minute_keep_s: float, hour_keep_s: float) -> dict[str, int]:
