@@ -136,3 +136,13 @@ def test_predictions_change_estimates_only() -> None:
         # job 1 (2 GPUs) is expected when the second running job is predicted to end
         assert pred.order[0] == 1 and pred.expected_start[1] == NOW + 300
         assert plain.expected_start[plain.order[0]] == NOW + 3500
+
+
+def test_deep_walk_follows_the_limits_like_the_detailed_walk() -> None:
+    # GPUs never bind (8 hosts x 8 free); only alice's limits do: both walks agree exactly
+    pol = replace(PLAIN, user_max_running_jobs=2, user_max_gpus=3)
+    pending = [job(i, gpus=1 + i % 2, limit=(600, 1800, 900)[i % 3]) for i in range(1, 25)]
+    full = schedule(NOW, pending, [], gpus(8, 8), replace(pol, reservation_depth=None))
+    deep = schedule(NOW, pending, [], gpus(8, 8), replace(pol, reservation_depth=0))
+    assert started(full) == started(deep) and len(started(full)) == 2
+    assert full.expected_start == deep.expected_start and full.reasons == deep.reasons

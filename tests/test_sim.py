@@ -34,3 +34,27 @@ def test_replay_metrics_are_consistent(tmp_path: Path) -> None:
     assert fill["mean_wait"] <= fifo["mean_wait"]
     # under fifo nobody passes anybody: start order is submit order
     assert results["fifo"].user_waits()["b"] > 0
+
+
+def test_skipping_idle_event_times_changes_nothing(tmp_path: Path) -> None:
+    import random
+
+    rnd = random.Random(7)
+    rows = ["job_id,user,submit_time_s,duration_s,num_gpus,gpu_type,status"]
+    t = 0
+    for n in range(150):
+        t += rnd.choice((0, 0, 5, 30, 200))
+        rows.append(f"j{n},u{rnd.randrange(5)},{t},{rnd.choice((20, 60, 900, 4000))},{rnd.choice((3, 4, 6, 8))},,COMPLETED")
+    path = tmp_path / "rand.csv"
+    path.write_text("\n".join(rows) + "\n")
+    trace = read_trace(path)
+    skipped = 0
+    for name, pol in POLICIES.items():
+        fast = simulate(trace, pol, hosts=2, gpus_per_host=8, name=name)
+        slow = simulate(trace, pol, hosts=2, gpus_per_host=8, name=name, skip_idle=False)
+        assert slow.skipped == 0 and fast.cycles + fast.skipped == slow.cycles
+        skipped += fast.skipped
+        a, b = fast.metrics(), slow.metrics()
+        del a["cycles"], b["cycles"]
+        assert a == b, name
+    assert skipped > 0

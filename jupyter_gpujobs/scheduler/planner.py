@@ -429,6 +429,7 @@ class _Cycle:
             else:
                 why = blocked.reason
             t = now
+            swaps: list[Limit] | None = None  # limits whose earliest end is replaced at booking
             for lim, per_gpu in lims:  # Limit.earliest, inlined
                 a = k if per_gpu else 1
                 if lim.line_used + a > lim.cap:
@@ -436,6 +437,16 @@ class _Cycle:
                         t = INF
                         break
                     line = lim.line
+                    if line[0][1] == a and lim.line_used <= lim.cap:
+                        # the earliest end frees exactly enough: one heapreplace when booked
+                        e = line[0][0]
+                        if e > t:
+                            t = e
+                        if swaps is None:
+                            swaps = [lim]
+                        else:
+                            swaps.append(lim)
+                        continue
                     while lim.line_used + a > lim.cap and line:
                         e, used = heappop(line)
                         lim.line_used -= used
@@ -479,8 +490,11 @@ class _Cycle:
                 a = k if per_gpu else 1
                 if start <= now:
                     lim.now_used += a
-                lim.line_used += a
-                heappush(lim.line, (end, a))
+                if swaps is not None and lim in swaps:
+                    heapreplace(lim.line, (end, a))
+                else:
+                    lim.line_used += a
+                    heappush(lim.line, (end, a))
             expected[jid] = start if pred is None else self._predicted_start(j, view, floor, limit, start)
 
     # ------------------------------------------------------------------ predictions
