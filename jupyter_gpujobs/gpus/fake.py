@@ -70,6 +70,12 @@ class _ProcInfo:
     cpu_s: float | None = None  # CPU seconds at the last reading
     cpu_at: float = 0.0  # monotonic time of that reading
     cpu_percent: float = 0.0
+    first_seen: float = 0.0  # monotonic time this (pid, start) was first read
+
+
+#: A process is re-read for this long after it was first seen: between fork and exec it still
+#: has its parent's environment, and caching that as "no fake GPU" would hide a new job.
+_YOUNG_S = 2.0
 
 
 @dataclass
@@ -235,7 +241,8 @@ class FakeBackend(GPUBackend):
         uptime: float | None = None
         for pid in pids:
             info = self._procs.get(pid)
-            if info is not None and not info.gpus and mono - info.checked < _RECHECK_S:
+            young = info is not None and mono - info.first_seen < _YOUNG_S
+            if info is not None and not info.gpus and not young and mono - info.checked < _RECHECK_S:
                 continue  # known not to use a fake GPU
             stat = _linux_stat(pid)
             if stat is None:
@@ -244,7 +251,13 @@ class FakeBackend(GPUBackend):
             state, cpu_s, start = stat
             if info is None or info.start != start:
                 info = self._new_info(pid, start, self._environ_linux(pid))
+                info.first_seen = mono
                 self._procs[pid] = info
+            elif young and not info.gpus:
+                fresh = self._new_info(pid, start, self._environ_linux(pid))
+                if fresh.gpus:  # it exec'ed into a job since the last scan
+                    fresh.first_seen = info.first_seen
+                    info = self._procs[pid] = fresh
             info.checked = mono
             if not info.gpus or state in ("Z", "X"):
                 continue
