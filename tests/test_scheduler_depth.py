@@ -146,3 +146,52 @@ def test_deep_walk_follows_the_limits_like_the_detailed_walk() -> None:
     deep = schedule(NOW, pending, [], gpus(8, 8), replace(pol, reservation_depth=0))
     assert started(full) == started(deep) and len(started(full)) == 2
     assert full.expected_start == deep.expected_start and full.reasons == deep.reasons
+
+
+def _random_snapshot(seed: int, hosts: int, n: int) -> tuple[list[Job], list[Job], list[GPU]]:
+    import random
+
+    rnd = random.Random(seed)
+    inv = [GPU(i, f"{h}-{i}", "A100" if h % 3 else "H100", host=f"h{h}") for h in range(hosts) for i in range(8)]
+    running: list[Job] = []
+    jid = 1000
+    for h in range(hosts):
+        for i in rnd.sample(range(8), rnd.randint(2, 7)):
+            running.append(Job(id=jid, user=f"u{rnd.randrange(6)}", gpus=1, state=JobState.RUNNING, host=f"h{h}",
+                               assigned_gpus=(i,), started_at=NOW - rnd.uniform(0, 3000),
+                               time_limit_s=rnd.choice((900, 3600, 14400)), submitted_at=NOW - 5000,
+                               preemptible=rnd.random() < 0.3))
+            jid += 1
+    pending = [Job(id=i, user=f"u{rnd.randrange(6)}", group=f"g{rnd.randrange(2)}",
+                   gpus=rnd.choice((1, 1, 1, 2, 4, 8)), gpu_type=rnd.choice((None, None, "H100")),
+                   time_limit_s=rnd.choice((600, 900, 3600, 14400)), submitted_at=NOW - rnd.uniform(0, 9000),
+                   priority=rnd.choice(("normal",) * 8 + ("high", "urgent")),
+                   begin=NOW + 600 if rnd.random() < 0.03 else None) for i in range(1, n + 1)]
+    return pending, running, inv
+
+
+def test_random_snapshots_keep_the_rules_at_every_depth() -> None:
+    from jupyter_gpujobs.model import Quota
+
+    policies = [PLAIN, replace(PLAIN, backfill=False),
+                Policy(user_max_running_jobs=6, user_max_gpus=10, urgent_reserve_gpus=4,
+                       group_quotas={"g0": Quota(guaranteed_gpus=8, max_running_jobs=30)})]
+    for seed in range(4):
+        pending, running, inv = _random_snapshot(seed, 6, 200)
+        busy = {(r.host, i) for r in running for i in r.assigned_gpus}
+        for pol in policies:
+            full = schedule(NOW, pending, running, inv, replace(pol, reservation_depth=None))
+            for depth in (0, 7, 40):
+                plan = schedule(NOW, pending, running, inv, replace(pol, reservation_depth=depth))
+                used: set[tuple[str, int]] = set()
+                for s in plan.starts:  # never a busy GPU, never one GPU twice
+                    for i in s.gpus:
+                        assert (s.host, i) not in busy and (s.host, i) not in used
+                        used.add((s.host, i))
+                waiting = [i for i in plan.order if i not in {s.job_id for s in plan.starts}]
+                assert all(plan.reasons[i] for i in waiting)
+                assert all(plan.expected_start[i] is None or plan.expected_start[i] >= NOW for i in waiting)  # type: ignore[operator]
+                if plan.preemptions == full.preemptions:
+                    # the first `depth` booked jobs are booked exactly as in the full walk
+                    booked = [i for i in waiting if plan.expected_start[i] is not None][:depth]
+                    assert all(plan.expected_start[i] == full.expected_start[i] for i in booked), (seed, depth)
