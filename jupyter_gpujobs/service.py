@@ -142,6 +142,9 @@ class JobService:
                 pass
         self._tasks = []
         self._save_usage(self.clock())
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     # ================================================================= fair-share usage
 
@@ -209,12 +212,14 @@ class JobService:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 self.cycle()
             except Exception:
                 log.exception("gpujobs: scheduling cycle failed")
-            # let handlers run between cycles under a burst of submissions
-            await asyncio.sleep(0.005)
+            # Under a burst of submissions cycles would run back to back and starve the
+            # handlers: rest at least as long as the cycle took (at most half the loop's time).
+            await asyncio.sleep(max(0.005, time.perf_counter() - started))
 
     async def _poll_loop(self) -> None:
         while True:

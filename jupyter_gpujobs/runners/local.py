@@ -48,6 +48,8 @@ class LocalRunner(Runner):
         self._checked: dict[str, float] = {}  # job_dir -> monotonic time of the last liveness check
         self._exiting: list[subprocess.Popen[bytes]] = []  # shims that reported, to be reaped
         self._seq = 0
+        self._standby: subprocess.Popen[bytes] | None = None
+        self._standby_pythonpath: str | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -63,17 +65,19 @@ class LocalRunner(Runner):
             "log_path": req.log_path or str(job_dir / "output.log"), "fake": bool(req.fake),
             "pythonpath": pythonpath,
         })
-        shim_env = dict(os.environ)
-        # the shim must import this package whatever the cwd; the job gets PYTHONPATH back as it was
-        shim_env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, _PSUTIL_PARENT, pythonpath) if p)
-        with open(job_dir / "shim.log", "wb") as shim_log:
-            proc = subprocess.Popen(
-                # -S: no site-packages scan and .pth hooks at start-up (tens of ms); the two
-                # directories the shim needs are on PYTHONPATH
-                [self.python, "-S", "-m", "jupyter_gpujobs.runners.shim", str(job_dir)],
-                cwd=str(job_dir), env=shim_env, stdin=subprocess.DEVNULL, stdout=shim_log,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            )
+        proc = self._take_standby(pythonpath)
+        if proc is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{job_dir}\n".encode())
+            proc.stdin.close()
+        else:
+            with open(job_dir / "shim.log", "wb") as shim_log:
+                proc = subprocess.Popen(
+                    [self.python, "-S", "-m", "jupyter_gpujobs.runners.shim", str(job_dir)],
+                    cwd=str(job_dir), env=self._shim_env(pythonpath), stdin=subprocess.DEVNULL, stdout=shim_log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+        self._spawn_standby(pythonpath)
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -81,6 +85,51 @@ class LocalRunner(Runner):
         self._children[str(job_dir)] = proc
         return {"runner": "local", "job_dir": str(job_dir), "pid": proc.pid,
                 "create_time": create_time, "started_at": time.time()}
+
+    # ------------------------------------------------------------------ standby supervisor
+
+    def _shim_env(self, pythonpath: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        # the shim must import this package whatever the cwd; the job gets PYTHONPATH back as it was
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, _PSUTIL_PARENT, pythonpath) if p)
+        return env
+
+    def _spawn_standby(self, pythonpath: str | None) -> None:
+        """Start the supervisor of the next job now, so that job does not wait for an
+        interpreter to start (-S: no site-packages scan; what the shim needs is on PYTHONPATH)."""
+        try:
+            self._standby = subprocess.Popen(
+                [self.python, "-S", "-m", "jupyter_gpujobs.runners.shim", "--standby"],
+                cwd=str(self.state_dir), env=self._shim_env(pythonpath), stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            )
+            self._standby_pythonpath = pythonpath
+        except OSError:
+            self._standby = None
+
+    def _take_standby(self, pythonpath: str | None) -> subprocess.Popen[bytes] | None:
+        proc, self._standby = self._standby, None
+        if proc is None:
+            return None
+        if proc.poll() is not None or self._standby_pythonpath != pythonpath:
+            self._close_standby(proc)
+            return None
+        return proc
+
+    @staticmethod
+    def _close_standby(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            if proc.stdin:
+                proc.stdin.close()  # EOF: it exits
+            proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+
+    def close(self) -> None:
+        """Stop the standby supervisor (running jobs are not touched)."""
+        if self._standby is not None:
+            self._close_standby(self._standby)
+            self._standby = None
 
     # ------------------------------------------------------------------ stop
 

@@ -441,8 +441,27 @@ class Shim:
         return 0
 
 
+def standby() -> str | None:
+    """Wait, already started, for the runner to name a job dir on stdin (one line); then
+    become that job's supervisor. This takes the interpreter's start-up off the dispatch path."""
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None  # the runner went away (EOF)
+    os.chdir(line)
+    log_fd = os.open(os.path.join(line, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null_fd, 0), (log_fd, 1), (log_fd, 2)):
+        os.dup2(fd, target)
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--standby"]:
+        job_dir = standby()
+        if job_dir is None:
+            return 0
+        args = [job_dir]
     if len(args) != 1:
         print("usage: python -m jupyter_gpujobs.runners.shim JOB_DIR", file=sys.stderr)
         return 2
