@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .client import GPUJobsClient, GPUJobsError
-from .model import InvalidInput, format_duration
+from .model import InvalidInput, format_duration, format_relative
 
 
 class UsageError(Exception):
@@ -35,12 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _ago(t: float | None, now: float) -> str:
-    if not t:
-        return "-"
-    delta = t - now
-    if abs(delta) < 1:
-        return "now"
-    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
+    return format_relative(t, now, "-")
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:

@@ -121,7 +121,10 @@ class GPUJobs(Configurable):
                                help="How long before its time limit a job gets a warning event.")
     user_max_running_jobs = Integer(None, allow_none=True, config=True, help="Running jobs per user (None: no limit).")
     user_max_gpus = Integer(None, allow_none=True, config=True, help="GPUs in use per user (None: no limit).")
-    backfill = Bool(True, config=True, help="EASY backfill: short jobs start ahead if they delay no reserved job.")
+    backfill = Bool(True, config=True, help="Backfill: later jobs start ahead if they delay no reserved job.")
+    reservation_depth = Integer(100, allow_none=True, config=True,
+                                help="How many blocked jobs get a full reservation each cycle (None: all). "
+                                     "Deeper jobs get a cheaper estimate and may be passed by backfill.")
     fairshare = Bool(True, config=True, help="Order the queue by fair-share usage as well as age and class.")
     fairshare_half_life = Union([Integer(), Unicode()], default_value="7d", config=True,
                                 help="Half-life of past GPU usage in fair-share.")
@@ -251,6 +254,7 @@ class GPUJobs(Configurable):
             user_max_running_jobs=self.user_max_running_jobs,
             user_max_gpus=self.user_max_gpus,
             backfill=self.backfill,
+            reservation_depth=self.reservation_depth,
             weight_age=self.weight_age,
             weight_fairshare=self.weight_fairshare,
             weight_class=self.weight_class,

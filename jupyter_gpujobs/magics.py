@@ -41,7 +41,15 @@ from IPython.display import display
 
 from . import cell_job
 from .client import FINAL_STATES, GPUJobsClient, GPUJobsError
-from .model import InvalidInput, format_duration, parse_begin, parse_duration, parse_gpu_count, parse_priority
+from .model import (
+    InvalidInput,
+    format_duration,
+    format_relative,
+    parse_begin,
+    parse_duration,
+    parse_gpu_count,
+    parse_priority,
+)
 
 
 class GPUJobFailed(RuntimeError):
@@ -133,12 +141,7 @@ def cell_folder_of(job: dict[str, Any]) -> Path | None:
 
 
 def _ago(t: float | None, now: float) -> str:
-    if not t:
-        return "unknown"
-    delta = t - now
-    if abs(delta) < 1:
-        return "now"
-    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
+    return format_relative(t, now, "unknown")
 
 
 def describe(job: dict[str, Any], now: float | None = None) -> str:

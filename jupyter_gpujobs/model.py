@@ -119,6 +119,16 @@ def format_duration(seconds: float | None) -> str:
     return out
 
 
+def format_relative(t: float | None, now: float, unknown: str = "-") -> str:
+    """`"in 5m"`, `"3m ago"`, `"now"`, or `unknown` when there is no time."""
+    if not t:
+        return unknown
+    delta = t - now
+    if abs(delta) < 1:
+        return "now"
+    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
+
+
 def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
     """A whole, non-negative number of GPUs."""
     if isinstance(value, bool) or value is None:

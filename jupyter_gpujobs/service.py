@@ -291,7 +291,9 @@ class JobService:
     def _positions(self) -> dict[int, int]:
         cached = getattr(self, "_positions_cache", None)
         if cached is None or cached[0] is not self._plan:
-            cached = (self._plan, {jid: i + 1 for i, jid in enumerate(self._plan.order)})
+            started = {st.job_id for st in self._plan.starts}
+            waiting = [jid for jid in self._plan.order if jid not in started]
+            cached = (self._plan, {jid: i + 1 for i, jid in enumerate(waiting)})
             self._positions_cache = cached
         return cached[1]
 

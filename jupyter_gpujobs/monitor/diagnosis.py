@@ -20,18 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import Job, JobState, format_duration
-
-#: Log text that means the job ran out of GPU memory (case-insensitive).
-OOM_PATTERNS: tuple[str, ...] = (
-    "CUDA out of memory",
-    "torch.OutOfMemoryError",
-    "torch.cuda.OutOfMemoryError",
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "cudaErrorMemoryAllocation",
-    "RESOURCE_EXHAUSTED: Out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "out of memory on device",
-)
+from ..runners.shim import OOM_PATTERNS  # one list: the supervisor reads it at every failure
 
 KINDS = ("oom", "repeated_failure", "idle_hog", "gpu_errors", "gpu_drained", "rogue_process")
 

@@ -38,6 +38,8 @@ OOM_PATTERNS = (
     "CUDA_ERROR_OUT_OF_MEMORY",
     "cudaErrorMemoryAllocation",
     "RESOURCE_EXHAUSTED: Out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "out of memory on device",
 )
 _LOG_TAIL_BYTES = 64 * 1024
 
