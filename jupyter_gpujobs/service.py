@@ -218,8 +218,8 @@ class JobService:
             except Exception:
                 log.exception("gpujobs: scheduling cycle failed")
             # Under a burst of submissions cycles would run back to back and starve the
-            # handlers: rest at least as long as the cycle took (at most half the loop's time).
-            await asyncio.sleep(max(0.005, time.perf_counter() - started))
+            # handlers: rest three times as long as the cycle took (a quarter of the loop at most).
+            await asyncio.sleep(max(0.005, 3 * (time.perf_counter() - started)))
 
     async def _poll_loop(self) -> None:
         while True:
