@@ -11,15 +11,27 @@ Two ways to get one:
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import FAKE_GPUS, LiveServer, live_servers
+from servers import FAKE_GPUS, LiveServer, live_servers, stop_job_processes
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+
+@pytest.fixture(autouse=True)
+def _restore_gpujobs_environ() -> Iterator[None]:
+    """An in-process server puts GPUJOBS_URL/TOKEN/FAKE_FLEET into os.environ for its kernels;
+    take them out again so they do not leak into the next test's processes."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("GPUJOBS_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("GPUJOBS_")]:
+        if key not in saved:
+            del os.environ[key]
+    os.environ.update(saved)
 
 
 @pytest.fixture
@@ -50,8 +62,7 @@ def engine(jp_serverapp: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
     jp_asyncio_loop.run_until_complete(service.start())
     yield service
     jp_asyncio_loop.run_until_complete(service.stop())
-    run_dir = service.state_dir / "run"
-    subprocess.run(["pkill", "-KILL", "-f", str(run_dir)], check=False)
+    stop_job_processes(service.state_dir / "run")
 
 
 @pytest.fixture

@@ -41,6 +41,19 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval
         await asyncio.sleep(interval)
 
 
+def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
+    """End every job a test left running under `run_dir`: SIGTERM its supervisors, which stop
+    their whole process trees (SIGKILLing them would orphan the jobs), then SIGKILL stragglers."""
+    pattern = str(run_dir)
+    subprocess.run(["pkill", "-TERM", "-f", pattern], check=False)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["pkill", "-KILL", "-f", pattern], check=False)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,4 +179,4 @@ def live_servers(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     for s in servers:
         run_dir = s.state_dir / "run"
         if run_dir.exists():
-            subprocess.run(["pkill", "-KILL", "-f", str(run_dir)], check=False)
+            stop_job_processes(run_dir)

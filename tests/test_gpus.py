@@ -28,8 +28,13 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait()
 
 
+#: These tests' fake GPUs see only processes marked with this fleet, not jobs of other servers
+#: running on the machine at the same time.
+FLEET = f"test-gpus-{os.getpid()}"
+
+
 def _spawn(procs: list[subprocess.Popen[bytes]], code: str, **env: str) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen([PY, "-c", code], env={**os.environ, **env})
+    p = subprocess.Popen([PY, "-c", code], env={**os.environ, "GPUJOBS_FAKE_FLEET": FLEET, **env})
     procs.append(p)
     return p
 
@@ -107,7 +112,7 @@ def _wait_for(backend: FakeBackend, index: int, n: int, timeout: float = 5.0) ->
 
 
 def test_fake_busy_gpu_looks_busy_and_sleeping_one_idle(procs: list[subprocess.Popen[bytes]]) -> None:
-    backend = FakeBackend(parse_fake_gpus("3xA100"))
+    backend = FakeBackend(parse_fake_gpus("3xA100"), fleet=FLEET)
     busy = _spawn(procs, BUSY, GPUJOBS_FAKE_GPU_USE="0")  # a "rogue" process set by hand
     sleeper = _spawn(procs, SLEEP, GPUJOBS_FAKE="1", CUDA_VISIBLE_DEVICES="1")  # as the runner sets it
     _wait_for(backend, 0, 1)
@@ -139,7 +144,7 @@ def test_fake_busy_gpu_looks_busy_and_sleeping_one_idle(procs: list[subprocess.P
 
 
 def test_fake_declared_values_and_multi_gpu(procs: list[subprocess.Popen[bytes]]) -> None:
-    backend = FakeBackend(parse_fake_gpus("2xT4"))
+    backend = FakeBackend(parse_fake_gpus("2xT4"), fleet=FLEET)
     p = _spawn(procs, SLEEP, GPUJOBS_FAKE="1", CUDA_VISIBLE_DEVICES="0,1",
                GPUJOBS_FAKE_UTIL="42", GPUJOBS_FAKE_MEM_MB="3000")
     # not a fake-GPU user: CUDA_VISIBLE_DEVICES without the marker, or an index that does not exist
@@ -155,7 +160,7 @@ def test_fake_declared_values_and_multi_gpu(procs: list[subprocess.Popen[bytes]]
 
 
 def test_fake_sample_is_cheap(procs: list[subprocess.Popen[bytes]]) -> None:
-    backend = FakeBackend(parse_fake_gpus("8xA100"))
+    backend = FakeBackend(parse_fake_gpus("8xA100"), fleet=FLEET)
     for i in range(8):
         _spawn(procs, SLEEP, GPUJOBS_FAKE="1", CUDA_VISIBLE_DEVICES=str(i))
     _wait_for(backend, 7, 1)
@@ -168,3 +173,12 @@ def test_fake_sample_is_cheap(procs: list[subprocess.Popen[bytes]]) -> None:
         assert len(samples) == 8 and all(s.processes == 1 for s in samples)
     runs.sort()
     assert runs[len(runs) // 2] < 0.02, runs  # median CPU seconds per sample over 8 GPUs
+
+
+def test_fake_gpus_of_another_server_are_not_seen(procs: list[subprocess.Popen[bytes]]) -> None:
+    backend = FakeBackend(parse_fake_gpus("1xA100"), fleet=FLEET)
+    mine = _spawn(procs, SLEEP, GPUJOBS_FAKE="1", CUDA_VISIBLE_DEVICES="0")
+    _spawn(procs, SLEEP, GPUJOBS_FAKE="1", CUDA_VISIBLE_DEVICES="0", GPUJOBS_FAKE_FLEET="another-server")
+    _wait_for(backend, 0, 1)
+    time.sleep(0.3)
+    assert [p.pid for p in backend.processes()[0]] == [mine.pid]

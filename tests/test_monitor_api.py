@@ -202,15 +202,16 @@ async def test_metrics_endpoint(api: Any, monitor: Any, jp_fetch: Any) -> None:
     busy = await submit(api, in_child("import time; time.sleep(30)", GPUJOBS_FAKE_UTIL="70", GPUJOBS_FAKE_MEM_MB="1234"),
                         env={"GPUJOBS_FAKE_UTIL": "0", "GPUJOBS_FAKE_MEM_MB": "0"})
     other = await submit(api, py("import time; time.sleep(30)"))
-    await submit(api, py("pass"), priority="high")
-    await submit(api, py("pass"), priority="low")
-    await submit(api, py("pass"), priority="low")
 
     async def both_running() -> Any:
         views = [(await api("GET", f"jobs/{j['id']}"))[1] for j in (busy, other)]
         return views if all(v["state"] == "RUNNING" for v in views) else None
 
     views = await wait_for(both_running)
+    # queued behind them (submitted earlier, the high one would rightly go first)
+    await submit(api, py("pass"), priority="high")
+    await submit(api, py("pass"), priority="low")
+    await submit(api, py("pass"), priority="low")
     gpu = views[0]["assigned_gpus"][0]
     await wait_for(lambda: any(s.index == gpu and s.utilization == 70 for s in monitor.sampler.latest))
     r = await jp_fetch("gpujobs", "api", "metrics")

@@ -11,6 +11,11 @@ Which processes use fake GPU N (read from each process's initial environment,
 2. otherwise `GPUJOBS_FAKE=1` together with `CUDA_VISIBLE_DEVICES=<indices>`: what the local
    runner gives a job on fake GPUs. Entries of CUDA_VISIBLE_DEVICES may also be fake UUIDs.
 
+Several servers with fake GPUs on one machine (tests, a multi-user demo) each see only their
+own jobs: a server's backend has a *fleet* name, its jobs and kernels carry it in
+`GPUJOBS_FAKE_FLEET`, and a process marked with another fleet is not on its GPUs. A process
+with no fleet (a hand-made "rogue") is seen by every backend, as a real process on a real GPU is.
+
 Children inherit these variables, so a job's whole process tree counts; a process that
 clears its environment is no longer seen. Indices that do not exist are ignored.
 
@@ -143,9 +148,10 @@ class FakeBackend(GPUBackend):
     name = "fake"
 
     def __init__(self, specs: list[FakeGPUSpec], host: str = LOCAL_HOST,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, fleet: str | None = None):
         self.host = host
         self.clock = clock
+        self.fleet = fleet  # None: count every marked process on the machine
         self._gpus: list[tuple[int, str, str, int]] = []  # index, uuid, model, memory MB
         for spec in specs:
             for _ in range(spec.count):
@@ -213,6 +219,9 @@ class FakeBackend(GPUBackend):
         return self._scan
 
     def _classify(self, environ: dict[str, str]) -> tuple[tuple[int, ...], float | None, int | None]:
+        owner = environ.get("GPUJOBS_FAKE_FLEET")
+        if owner and self.fleet and owner != self.fleet:
+            return (), None, None  # a job of another server's fake GPUs
         use = environ.get("GPUJOBS_FAKE_GPU_USE")
         if use is not None:
             gpus = _parse_indices(use, self._uuid_index)

@@ -6,6 +6,7 @@ kernels what the client needs (GPUJOBS_URL, GPUJOBS_TOKEN) in their environment.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 from pathlib import Path
 
@@ -38,7 +39,9 @@ class GPUJobsApp(ExtensionApp):
         data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(cfg.db_url or default_url(data_dir))
         store.migrate()
-        backend = make_backend(cfg.fake_gpus or None, self.log)
+        # fake GPUs of this server (named after its state dir, so the same across restarts)
+        fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
+        backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet)
         runner = LocalRunner(data_dir / "run")
 
         unix_user = getpass.getuser()
@@ -52,6 +55,8 @@ class GPUJobsApp(ExtensionApp):
         url = server.connection_url.rstrip("/") + "/"
         token = server.identity_provider.token or ""
         job_env = {"GPUJOBS_URL": url, "GPUJOBS_TOKEN": token}
+        if backend.name == "fake":
+            job_env["GPUJOBS_FAKE_FLEET"] = fleet  # jobs and kernels: on this server's fake GPUs
         # Kernels (and jobs) started by this server find the engine with no arguments.
         os.environ.update(job_env)
 
