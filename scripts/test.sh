@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install what the tests need (Python packages into .venv, the labextension build, Debian's
-# chromium for the browser tests) and run all the tests. Extra arguments go to pytest.
+# chromium and PostgreSQL) and run all the tests. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
-if [ -x scripts/install-browser.sh ]; then scripts/install-browser.sh; fi
+scripts/install-browser.sh   # Debian's chromium for the browser tests
+scripts/install-postgres.sh  # Debian's PostgreSQL server for the store's PostgreSQL tests
 .venv/bin/ruff check .
 set +e
 .venv/bin/python -m pytest "$@"
