@@ -49,7 +49,8 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _gpus_text(job: dict[str, Any]) -> str:
+def gpus_text(job: dict[str, Any]) -> str:
+    """`2xA100 [0,1]`: what a job asks for and, once running, which GPUs it holds."""
     text = str(job["gpus"])
     if job.get("gpu_type"):
         text += f"x{job['gpu_type']}"
@@ -67,7 +68,7 @@ def format_jobs(jobs: list[dict[str, Any]], now: float) -> str:
             when = "starts " + _ago(j.get("expected_start"), now) if j.get("expected_start") else "-"
         else:
             when = "ended " + _ago(j.get("ended_at"), now)
-        rows.append([str(j["id"]), j["user"], j.get("name") or "-", j["state"], _gpus_text(j), j["priority"],
+        rows.append([str(j["id"]), j["user"], j.get("name") or "-", j["state"], gpus_text(j), j["priority"],
                      when, j.get("reason") or ""])
     return _table(rows, ["ID", "USER", "NAME", "STATE", "GPUS", "PRIORITY", "TIME", "REASON"])
 
@@ -75,7 +76,7 @@ def format_jobs(jobs: list[dict[str, Any]], now: float) -> str:
 def format_queue(jobs: list[dict[str, Any]], now: float) -> str:
     rows = []
     for j in jobs:
-        rows.append([str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", _gpus_text(j),
+        rows.append([str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", gpus_text(j),
                      j["priority"], _ago(j.get("expected_start"), now) if j.get("expected_start") else "unknown",
                      j.get("reason") or ""])
     return _table(rows, ["POS", "ID", "USER", "NAME", "GPUS", "PRIORITY", "EXPECTED START", "REASON"])

@@ -205,12 +205,9 @@ class Table:
 
 
 def _gpus_text(job: dict[str, Any]) -> str:
-    text = str(job["gpus"])
-    if job.get("gpu_type"):
-        text += f"x{job['gpu_type']}"
-    if job.get("assigned_gpus"):
-        text += " [" + ",".join(str(i) for i in job["assigned_gpus"]) + "]"
-    return text
+    from .cli import gpus_text
+
+    return gpus_text(job)
 
 
 def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> Table:
