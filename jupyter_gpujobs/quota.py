@@ -9,7 +9,7 @@ from .model import JobState, Quota
 
 
 def _effective(service: Any, scope: str, name: str) -> Quota | None:
-    policy = service._current_policy()
+    policy = service.current_policy()
     table = policy.user_quotas if scope == "users" else policy.group_quotas
     quota = table.get(name)
     if quota is None and scope == "users":
@@ -19,14 +19,14 @@ def _effective(service: Any, scope: str, name: str) -> Quota | None:
 
 def quota_report(service: Any, user: str) -> dict[str, Any]:
     """The user's quota and usage; groups they have jobs in are reported too."""
-    policy = service._current_policy()
-    mine = [j for j in service._active.values() if j.user == user]
+    policy = service.current_policy()
+    mine = [j for j in service.active_jobs() if j.user == user]
     running = [j for j in mine if j.state is JobState.RUNNING]
     pending = [j for j in mine if j.state is JobState.PENDING]
     quota = _effective(service, "users", user)
     groups: dict[str, Any] = {}
     for name in sorted({j.group for j in mine if j.group} | set(policy.group_quotas)):
-        members = [j for j in service._active.values() if j.group == name and j.state is JobState.RUNNING]
+        members = [j for j in service.active_jobs() if j.group == name and j.state is JobState.RUNNING]
         groups[name] = {
             "quota": quota_to_dict(policy.group_quotas.get(name)),
             "running_gpus": sum(j.gpus for j in members),

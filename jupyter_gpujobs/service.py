@@ -102,6 +102,7 @@ class JobService:
         self._handles: dict[int, dict[str, Any]] = {}
         self._plan = Plan()
         self._plan_at = 0.0
+        self._positions: dict[int, int] = {}  # pending job id -> queue position in the last plan
         self._inventory: list[GPU] = []
         self._inventory_at = 0.0
         self._terminating: set[int] = set()
@@ -265,7 +266,9 @@ class JobService:
     # ================================================================= queries
 
     def view(self, job: Job) -> dict[str, Any]:
-        """A job as the API shows it (with its queue position, reason and expected start)."""
+        """A job as the API shows it (with its queue position, reason and expected start).
+        A stored copy of an active job is shown as the engine knows it now."""
+        job = self._active.get(job.id, job)
         reason = job.reason
         position = None
         expected = None
@@ -287,16 +290,6 @@ class JobService:
         }
         return out
 
-    @property
-    def _positions(self) -> dict[int, int]:
-        cached = getattr(self, "_positions_cache", None)
-        if cached is None or cached[0] is not self._plan:
-            started = {st.job_id for st in self._plan.starts}
-            waiting = [jid for jid in self._plan.order if jid not in started]
-            cached = (self._plan, {jid: i + 1 for i, jid in enumerate(waiting)})
-            self._positions_cache = cached
-        return cached[1]
-
     def get(self, job_id: int) -> Job:
         job = self._active.get(job_id) or self.store.get(job_id)
         if job is None:
@@ -310,6 +303,17 @@ class JobService:
         seen = set(order)
         rest = sorted(j.id for j in self._active.values() if j.state is JobState.PENDING and j.id not in seen)
         return [self._active[jid] for jid in order + rest]
+
+    def active_jobs(self) -> list[Job]:
+        """Pending and running jobs as the engine knows them now."""
+        return list(self._active.values())
+
+    def active_job(self, job_id: int) -> Job | None:
+        return self._active.get(job_id)
+
+    def runner_handles(self) -> dict[int, dict[str, Any]]:
+        """Running jobs' supervisor handles (job id -> handle)."""
+        return dict(self._handles)
 
     def running(self) -> list[Job]:
         return [j for j in self._active.values() if j.state is JobState.RUNNING]
@@ -533,9 +537,12 @@ class JobService:
         self._account_usage(running, now)
         dep_ids = {d.job_id for j in pending for d in j.depends}
         finished = self.store.final_states(i for i in dep_ids if i not in self._active)
-        plan = schedule(now, pending, running, gpus, self._current_policy(), self._usage, finished)
+        plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished)
         self._plan = plan
         self._plan_at = now
+        started = {st.job_id for st in plan.starts}
+        waiting = [jid for jid in plan.order if jid not in started]
+        self._positions = {jid: i + 1 for i, jid in enumerate(waiting)}
         for job_id, reason in plan.cancels:
             self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
         for p in plan.preemptions:
@@ -556,7 +563,7 @@ class JobService:
         del self.cycle_seconds[:-200]
         return plan
 
-    def _current_policy(self) -> Policy:
+    def current_policy(self) -> Policy:
         if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
             return self.policy
         from .config import _quota

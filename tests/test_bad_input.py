@@ -54,5 +54,8 @@ async def test_bad_ids_and_unknown_jobs(api: Any) -> None:
     got, reply = await api("GET", "jobs/4242")
     assert got == 404 and "no job 4242" in reply["message"]
     assert (await api("DELETE", "jobs/4242"))[0] == 404
-    got, reply = await api("GET", "jobs/1/log", params={"offset": "-3"})
-    assert got in (400, 404)
+    status, job = await api("POST", "jobs", {**GOOD, "begin": "+1d"})
+    got, reply = await api("GET", f"jobs/{job['id']}/log", params={"offset": "-3"})
+    assert got == 400 and reply["field"] == "offset" and "at least 0" in reply["message"]
+    got, reply = await api("GET", "jobs", params={"limit": "many"})
+    assert got == 400 and reply["field"] == "limit"

@@ -192,7 +192,7 @@ class Monitor:
         self._started = True
         self.install()
         self._unsubscribe = self.service.subscribe(self._on_message)
-        for job in list(self.service._active.values()):
+        for job in self.service.active_jobs():
             self._predict(job)
         if self.drained:
             self.service.refresh_inventory(force=True)
@@ -256,7 +256,7 @@ class Monitor:
             if started and submitted and event.get("state") == "RUNNING" and event.get("actor") == "scheduler":
                 self.wait_histogram.observe(started - submitted)
         if state in (JobState.PENDING.value, JobState.RUNNING.value):
-            job = self.service._active.get(job_id)
+            job = self.service.active_job(job_id)
             if job is not None:
                 self._predict(job)
         elif state in {s.value for s in JobState if s.is_final}:
@@ -329,7 +329,7 @@ class Monitor:
     def tick(self, now: float) -> None:
         """One reading of every GPU and the detectors that run on readings."""
         cpu0 = time.process_time()
-        running = [j for j in self.service._active.values() if j.state is JobState.RUNNING]
+        running = [j for j in self.service.active_jobs() if j.state is JobState.RUNNING]
         self.sampler.tick(now, running)
         self._idle_hogs(now, running)
         self._gpu_errors(now)
@@ -377,7 +377,7 @@ class Monitor:
                 for index in job.assigned_gpus:
                     allocated[index] = job
         supervisors: dict[int, tuple[int, float | None]] = {}
-        for job_id, handle in list(getattr(self.service, "_handles", {}).items()):
+        for job_id, handle in self.service.runner_handles().items():
             if handle.get("pid"):
                 supervisors[int(handle["pid"])] = (job_id, handle.get("create_time"))
         infos = self.resolver.resolve(processes, supervisors)

@@ -129,9 +129,7 @@ class JobsHandler(GPUJobsHandler):
         kind = self.get_argument("kind", None) or None
         jobs, nxt = self.service.store.list_jobs(state=states or None, user=user, limit=limit or 100,
                                                  cursor=cursor, kind=kind)
-        service = self.service
-        views = [service.view(service._active.get(j.id, j)) for j in jobs]
-        self.reply({"jobs": views, "next": nxt})
+        self.reply({"jobs": [self.service.view(j) for j in jobs], "next": nxt})
 
     @web.authenticated
     @authorized
