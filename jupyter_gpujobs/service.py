@@ -115,6 +115,7 @@ class JobService:
         self._usage_at = 0.0
         self._usage_saved_at = 0.0
         self.cycle_seconds: list[float] = []  # recent cycle times, for metrics
+        self.schedule_seconds = 0.0  # time of the last schedule() call alone
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     # ================================================================= life cycle
@@ -213,14 +214,14 @@ class JobService:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            started = time.perf_counter()
             try:
                 self.cycle()
             except Exception:
                 log.exception("gpujobs: scheduling cycle failed")
-            # Under a burst of submissions cycles would run back to back and starve the
-            # handlers: rest three times as long as the cycle took (a quarter of the loop at most).
-            await asyncio.sleep(max(0.005, 3 * (time.perf_counter() - started)))
+            # Under a burst of submissions cycles over a long queue would run back to back and
+            # starve the handlers: rest three times as long as the scheduling itself took.
+            # (Only the decision counts: starting processes is not what grows with the queue.)
+            await asyncio.sleep(max(0.005, 3 * self.schedule_seconds))
 
     async def _poll_loop(self) -> None:
         while True:
@@ -537,7 +538,9 @@ class JobService:
         self._account_usage(running, now)
         dep_ids = {d.job_id for j in pending for d in j.depends}
         finished = self.store.final_states(i for i in dep_ids if i not in self._active)
+        t_plan = time.perf_counter()
         plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished)
+        self.schedule_seconds = time.perf_counter() - t_plan
         self._plan = plan
         self._plan_at = now
         started = {st.job_id for st in plan.starts}
