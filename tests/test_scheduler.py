@@ -138,6 +138,19 @@ def test_non_preemptible_job_is_never_a_victim() -> None:
     assert schedule(NOW, [job(1, priority="high")], running, gpus(1, 1), Policy(fairshare=False)).preemptions == []
 
 
+def test_urgent_jobs_never_preempt_each_other() -> None:
+    """An urgent job that borrowed idle GPUs keeps them against another urgent job (trading
+    one urgent job for another only wastes work, and cascades cycle after cycle); a lower
+    class on the same host is still taken."""
+    pol = Policy(fairshare=False)
+    running = [run(10, "h0", (0,), user="bob", priority="urgent", borrowed=True, preemptible=True)]
+    plan = schedule(NOW, [job(1, priority="urgent")], running, gpus(1, 1), pol)
+    assert plan.preemptions == [] and plan.reasons[1] == "waiting for 1 free GPU"
+    running.append(run(11, "h0", (1,), user="bob", priority="high", borrowed=True))
+    plan = schedule(NOW, [job(1, priority="urgent")], running, gpus(1, 2), pol)
+    assert [(p.job_id, p.by_job_id) for p in plan.preemptions] == [(11, 1)]
+
+
 def test_urgent_uses_the_reserve_and_nothing_else_may() -> None:
     pol = Policy(urgent_reserve_gpus=2, fairshare=False, preemption=False)
     plan = schedule(NOW, [job(1, gpus=2), job(2), job(3, priority="urgent")], [], gpus(1, 4), pol)

@@ -2,7 +2,8 @@
 
 A job within its guarantee (user or group) or an `urgent` job that cannot start may reclaim
 GPUs from running jobs that are borrowed (beyond their own guarantee) or that are preemptible
-and of a lower class. A job that is neither preemptible nor borrowed is never a victim. The
+and of a lower class; an urgent job takes them only from lower classes (two urgent jobs never
+preempt each other, which would only trade one for the other). A job that is neither preemptible nor borrowed is never a victim. The
 victims are chosen on one pool (one host, one model) so as to lose the least work: least
 elapsed run time x GPUs first, and the pool that loses the least in total.
 """
@@ -18,8 +19,10 @@ def may_preempt(victim: Job, preemptor: Job, urgent: bool) -> bool:
     if victim.user == preemptor.user and not urgent:
         return False
     lower = PRIORITY_RANK.get(victim.priority, 1) < PRIORITY_RANK.get(preemptor.priority, 1)
-    if victim.borrowed:
-        return not (victim.priority == "urgent" and not urgent)
+    if urgent:  # urgent work takes GPUs from lower classes only, never from other urgent work
+        return lower and (victim.borrowed or victim.preemptible)
+    if victim.borrowed:  # a guarantee reclaims borrowed GPUs, except from urgent work
+        return victim.priority != "urgent"
     return victim.preemptible and lower
 
 
