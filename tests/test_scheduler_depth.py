@@ -195,3 +195,34 @@ def test_random_snapshots_keep_the_rules_at_every_depth() -> None:
                     # the first `depth` booked jobs are booked exactly as in the full walk
                     booked = [i for i in waiting if plan.expected_start[i] is not None][:depth]
                     assert all(plan.expected_start[i] == full.expected_start[i] for i in booked), (seed, depth)
+
+
+def test_a_cycle_without_estimates_decides_exactly_the_same() -> None:
+    """`estimate=False` (what the server runs between estimating cycles) must start, preempt,
+    cancel, order and explain exactly as a full cycle; only the jobs past the reservation
+    depth lose their expected start, and the reservations keep theirs."""
+    from jupyter_gpujobs.model import Dependency, OffpeakWindow, Quota
+
+    policies = [PLAIN, replace(PLAIN, backfill=False),
+                Policy(user_max_running_jobs=6, user_max_gpus=10, urgent_reserve_gpus=4,
+                       group_quotas={"g0": Quota(guaranteed_gpus=8, max_running_jobs=30)},
+                       offpeak_windows=(OffpeakWindow((0, 1, 2, 3, 4, 5, 6), 2, 6),))]
+    for seed in range(5):
+        pending, running, inv = _random_snapshot(seed, 6, 300)
+        # a few of every kind the deep walk sends to the full placement
+        pending[50] = replace(pending[50], gpus=0)
+        pending[120] = replace(pending[120], offpeak=True)
+        pending[200] = replace(pending[200], depends=(Dependency("afterok", pending[190].id),))
+        pending[260] = replace(pending[260], depends=(Dependency("afterok", 999_999),))
+        for pol in policies:
+            for depth in (0, 5, 40):
+                p = replace(pol, reservation_depth=depth)
+                full = schedule(NOW, pending, running, inv, p)
+                quick = schedule(NOW, pending, running, inv, p, estimate=False)
+                assert quick.starts == full.starts and quick.preemptions == full.preemptions, (seed, depth)
+                assert quick.order == full.order and quick.cancels == full.cancels
+                assert quick.reasons == full.reasons, (seed, depth)
+                assert set(quick.expected_start) <= set(full.expected_start)
+                assert all(full.expected_start[i] == t for i, t in quick.expected_start.items())
+                if depth and len(full.order) > 2 * depth + len(full.starts):
+                    assert len(quick.expected_start) < len(full.expected_start)  # the deep ones

@@ -19,24 +19,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
+from itertools import islice
 
 from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
 from .preemption import choose_victims, victims_text
-from .priority import order_pending
+from .priority import order_and_classify
 from .quotas import Limit, Quotas
 
 
 def schedule(now: float, pending: Sequence[Job], running: Sequence[Job], gpus: Sequence[GPU],
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
-             finished: Mapping[int, JobState] | None = None) -> Plan:
-    """Decide one cycle. Pure: reads only its arguments, returns a `Plan`."""
-    return _Cycle(now, running, gpus, policy, finished or {}, pending).run(pending, as_usage(usage))
+             finished: Mapping[int, JobState] | None = None, estimate: bool = True) -> Plan:
+    """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
+
+    With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
+    reasons, and books the reservations of the first `policy.reservation_depth` blocked jobs,
+    but gives the jobs past that depth no expected start (`plan.expected_start` has no entry
+    for them): the deep-queue estimate is most of a cycle's cost, and a server refreshes it
+    less often than it decides (see `GPUJobs.estimate_seconds`)."""
+    cycle = _Cycle(now, running, gpus, policy, finished or {}, pending)
+    cycle.estimate = estimate
+    return cycle.run(pending, as_usage(usage))
+
+
+def _may_fit(k: int, lims: list[tuple[Limit, bool]]) -> bool:
+    """No limit is smaller than the job (else it can never start, and gets no estimate)."""
+    return all((k if per_gpu else 1) <= lim.cap for lim, per_gpu in lims)
+
+
+def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
+    """What a preemption attempt's outcome depends on besides the GPUs asked: an urgent job's
+    victims do not depend on who asks (`preemption.may_preempt`), a guarantee's do."""
+    if j.priority == "urgent":
+        return (j.gpu_type, None, None, "urgent")
+    return (j.gpu_type, j.user, j.group, j.priority)
 
 
 class _Cycle:
+    estimate = True  # book the jobs past the reservation depth for their expected start
+
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
                  finished: Mapping[int, JobState], pending: Sequence[Job]):
         self.now = now
@@ -88,7 +112,7 @@ class _Cycle:
             self.pred = AggregateLine(self.cluster, busy)
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
-        self.failed_preempt: dict[tuple[str | None, str, str | None, str], int] = {}
+        self.failed_preempt: dict[tuple[str | None, str | None, str | None, str], int] = {}
         self.kinds: dict[tuple[str, str | None, int | None, int | None, str],
                          tuple[list[tuple[Limit, bool]], int | None]] = {}
         self.shape_floor: dict[tuple[int, str | None], float] = {}  # (k, type) -> cl.earliest
@@ -107,6 +131,18 @@ class _Cycle:
         lim = Limit(cap, text) if cap is not None else None
         self.limits[key] = lim
         return lim
+
+    def _kind(self, j: Job) -> tuple[list[tuple[Limit, bool]], int | None]:
+        """The limits that apply to a job and its maximum time limit (cached per kind of job)."""
+        key = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
+        kind = self.kinds.get(key)
+        if kind is None:
+            ug = (j.user, j.group)
+            mt = self.mtl_cache.get(ug)
+            if mt is None:
+                mt = self.mtl_cache[ug] = self.quotas.max_time_limit(j.user, j.group)
+            kind = self.kinds[key] = (self._limits_of(j), mt[0])
+        return kind
 
     def _limits_of(self, j: Job) -> list[tuple[Limit, bool]]:
         """(limit, counts GPUs?) pairs that apply to a job (cached per kind of job)."""
@@ -172,7 +208,7 @@ class _Cycle:
                 if status == "wait":
                     waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
             queue.append(j)
-        ordered = order_pending(now, queue, policy, usage, self.cluster.largest_host)
+        ordered, classes = order_and_classify(now, queue, policy, usage, self.cluster.largest_host)
         plan.order = [j.id for j in ordered]
         windows = policy.offpeak_windows
         off = policy.utc_offset_s
@@ -186,7 +222,7 @@ class _Cycle:
         self.offpeak_now = offpeak_now
         for n, j in enumerate(ordered):
             if self.reserved_n >= self.depth:
-                self._walk_deep(ordered, n, waiting_dep, later)
+                self._walk_deep(ordered, classes, n, waiting_dep, later)
                 break
             if j.id in waiting_dep:
                 later.append(j)
@@ -208,7 +244,8 @@ class _Cycle:
         for j in later:
             dep = next(d for d in j.depends if d.job_id in self.active)
             reasons[j.id] = f"waiting for job {dep.job_id} ({dep.kind})"
-            self.expected[j.id] = None
+            if self.estimate:  # else its target may just not be estimated in this cycle
+                self.expected[j.id] = None
         return plan
 
     def _place_now(self, j: Job) -> None:
@@ -258,15 +295,9 @@ class _Cycle:
             reasons[jid] = why or "cannot be predicted"
             expected[jid] = None
             return
-        ug = (j.user, j.group)
-        mt = self.mtl_cache.get(ug)
-        if mt is None:
-            mt = self.mtl_cache[ug] = self.quotas.max_time_limit(j.user, j.group)
-        mtl = mt[0]
-        lims = self._limits_of(j)
-        self.kinds[(j.user, j.group, j.array_job_id, j.array_max_running, j.priority)] = (lims, mtl)
+        lims, mtl = self._kind(j)
         if mtl is not None and limit > mtl:
-            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {mt[1]}"
+            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {self.mtl_cache[(j.user, j.group)][1]}"
             expected[jid] = None
             return
         blocked: Limit | None = None
@@ -294,6 +325,7 @@ class _Cycle:
                 host = cl.pool_host[0] if cl.pool_host else (self.gpus[0].host if self.gpus else "localhost")
                 plan.starts.append(Start(jid, host, (), False))
                 self._book(j, lims, now, now + limit)
+                self._cluster_changed()
                 return
             assert view is not None
             if self.fifo_blocked is None or policy.backfill:
@@ -325,6 +357,14 @@ class _Cycle:
             why = self._waiting_reason(view, k, j.gpu_type)
         elif why is None:
             why = blocked.reason if blocked is not None else "waiting"
+        if not self.estimate and self.reserved_n >= self.depth:
+            reasons[jid] = why  # past the depth, estimates are left to an estimating cycle
+            if k > 0:  # the jobs named in later reasons, as an estimating cycle names them
+                if self.fifo_blocked is None and floor <= now and blocked is None and not deferred:
+                    self.fifo_blocked = jid
+                if self.top_reserved is None and _may_fit(k, lims):
+                    self.top_reserved = jid
+            return
         # book it on the time line: the expected start
         t = floor
         for lim, per_gpu in lims:
@@ -337,6 +377,9 @@ class _Cycle:
             reasons[jid] = why
             expected[jid] = None
             return
+        # past the depth a booking is an estimate: it holds nothing, so it does not count as
+        # running now against the limits (a reservation starting now does)
+        estimate_only = self.reserved_n >= self.depth
         if k > 0:
             assert view is not None
             if self.reserved_n < self.depth:
@@ -358,144 +401,170 @@ class _Cycle:
             start = t
         if start < now:
             start = now
-        self._book(j, lims, start, start + limit)
+        self._book(j, lims, start, start + limit, counts_now=not estimate_only)
         reasons[jid] = why
         expected[jid] = start if self.pred is None or k == 0 else self._predicted_start(j, view, t, limit, start)  # type: ignore[arg-type]
 
-    def _walk_deep(self, ordered: list[Job], first: int, waiting_dep: Mapping[int, int],
-                   later: list[Job]) -> None:
+    def _walk_deep(self, ordered: list[Job], classes: list[int], first: int,
+                   waiting_dep: Mapping[int, int], later: list[Job]) -> None:
         """The walk past the reservation depth. A job that can only wait (GPUs asked, no begin
-        or off-peak, cannot start now, nothing to preempt) is handled here, inlined for speed,
-        with the same rules and reasons as `_place` but an aggregate estimate; any other job
-        goes to `_place`."""
-        now, policy, cl = self.now, self.policy, self.cluster
-        reasons, expected, limit_s = self.plan.reasons, self.expected, self._limit_s
-        views, kinds, failed_shapes = cl.views, self.kinds, self.failed_shapes
-        failed_preempt, shape_floor = self.failed_preempt, self.shape_floor
-        backfill, preempt = policy.backfill, policy.preemption
-        any_guarantee = self.quotas.any_guarantee
-        dl = self.default_limit
-        if self.deep is None:
+        or off-peak, cannot start now, nothing to preempt: `_decide_deep`) gets the same
+        reason as `_place` would give and, when estimating, an aggregate estimate
+        (`_book_deep`); any other job goes to `_place`. That decision is the same for every
+        job of one class (`job_class`) while the free GPUs, the limits in use and the jobs
+        named in reasons stay the same, so it is made once per class and reused until one of
+        them changes: over a deep queue most jobs cost one dictionary lookup."""
+        cl = self.cluster
+        reasons, limit_s = self.plan.reasons, self._limit_s
+        estimate = self.estimate
+        if estimate and self.deep is None:
             self.deep = AggregateLine(cl)
-        deep = self.deep
-        # reasons by shape, valid while the GPUs and the job ahead named in them stay the same
-        reason_of: dict[tuple[int, str | None], str] = {}
+        # decisions by class: (reason, GPUs, type, view, limit, limits, unblocked)
+        decided: dict[int, tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool]] = {}
         named = (self.fifo_blocked, self.top_reserved, self.gen)
         # the single heap of a view whose GPUs are all one model (the common case), else None
         single_of: dict[str | None, list[float] | None] = {}
         pred = self.pred
-        for j in ordered[first:]:
-            jid = j.id
-            if jid in waiting_dep:
+        stale = False  # a start, preemption or newly named job may have changed a decision
+        for j, c in zip(islice(ordered, first, None), islice(classes, first, None)):
+            if waiting_dep and j.id in waiting_dep:
                 later.append(j)
                 continue
-            k = j.gpus
-            gt = j.gpu_type
-            view = views.get(gt)
-            kind = kinds.get((j.user, j.group, j.array_job_id, j.array_max_running, j.priority))
-            if (k <= 0 or view is None or kind is None or k > view.max_size or j.offpeak
-                    or (j.begin is not None and j.begin > now)):
-                self._place_now(j)
-                continue
-            limit = float(j.time_limit_s or dl)
-            lims, mtl = kind
-            if mtl is not None and limit > mtl:
-                self._place_now(j)
-                continue
-            blocked: Limit | None = None
-            for lim, per_gpu in lims:
-                if lim.now_used + (k if per_gpu else 1) > lim.cap:
-                    blocked = lim
-                    break
-            shape = (k, gt)
-            if blocked is None:
-                if view.free_pids and limit < failed_shapes.get(shape, INF) and (
-                        backfill or self.fifo_blocked is None):
-                    self._place_now(j)  # it may start now
-                    continue
-                if preempt and (any_guarantee or j.priority == "urgent"):
-                    pk = (gt, j.user, j.group, j.priority)
-                    if k < failed_preempt.get(pk, INF):
-                        if j.priority == "urgent" or self._within_guarantee(j, k):
-                            self._place_now(j)  # it may preempt
-                            continue
-                        failed_preempt[pk] = k  # beyond its guarantee: as in _try_preempt
-                if named[0] != self.fifo_blocked or named[1] != self.top_reserved or named[2] != self.gen:
+            if stale:
+                stale = False
+                if named != (self.fifo_blocked, self.top_reserved, self.gen):
                     named = (self.fifo_blocked, self.top_reserved, self.gen)
-                    reason_of = {}
-                why = reason_of.get(shape)
-                if why is None:
-                    why = reason_of[shape] = self._waiting_reason(view, k, gt)
-            else:
-                why = blocked.reason
-            t = now
-            swaps: list[Limit] | None = None  # limits whose earliest end is replaced at booking
-            for lim, per_gpu in lims:  # Limit.earliest, inlined
-                a = k if per_gpu else 1
-                if lim.line_used + a > lim.cap:
-                    if a > lim.cap:
-                        t = INF
-                        break
-                    line = lim.line
-                    if line[0][1] == a and lim.line_used <= lim.cap:
-                        # the earliest end frees exactly enough: one heapreplace when booked
-                        e = line[0][0]
-                        if e > t:
-                            t = e
-                        if swaps is None:
-                            swaps = [lim]
-                        else:
-                            swaps.append(lim)
-                        continue
-                    while lim.line_used + a > lim.cap and line:
-                        e, used = heappop(line)
-                        lim.line_used -= used
-                        if e > t:
-                            t = e
-            if not backfill and t < self.last_start:
-                t = self.last_start
-            limit_s[jid] = limit
-            reasons[jid] = why
-            if t == INF:
-                expected[jid] = None
-                continue
-            sf = shape_floor.get(shape)
-            if sf is None:
-                sf = shape_floor[shape] = cl.earliest(view, k)
-            if sf == INF:
-                expected[jid] = None
-                continue
-            floor = t
-            if t < sf:
-                t = sf
-            if k == 1:  # AggregateLine.take, inlined for one GPU of one model
-                h = single_of.get(gt, 0)
-                if h == 0:
-                    h = single_of[gt] = deep.single(cl, view)
-                if h is not None:
-                    start = h[0] if h[0] > t else t
-                    heapreplace(h, start + limit)
-                else:
-                    start = deep.take(cl, view, k, limit, t)
+                    decided = {}
+            d = decided.get(c)
+            if d is None:
+                d = self._decide_deep(j)
+                if d is None:  # not one that can only wait: the full placement
+                    self._place_now(j)
+                    stale = True
+                    continue
+                decided[c] = d
+                if not estimate and (self.fifo_blocked is None or self.top_reserved is None):
+                    # the jobs named in later reasons, as an estimating cycle names them
+                    if self.fifo_blocked is None and d[6]:
+                        self.fifo_blocked = j.id
+                    if self.top_reserved is None and _may_fit(d[1], d[5]):
+                        self.top_reserved = j.id
+                    stale = True
+            reasons[j.id] = d[0]
+            if estimate:
+                why, k, gt, view, limit, lims, unblocked = d
+                limit_s[j.id] = limit
+                if self.top_reserved is None or self.fifo_blocked is None:
+                    stale = True
+                self._book_deep(j, view, k, gt, limit, lims, unblocked, single_of, pred)
+
+    def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
+        """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
+        can only wait, or None for one that needs `_place` (no GPUs asked, a begin or off-peak
+        floor, over its maximum time limit, or it may start now or preempt)."""
+        now, policy, cl = self.now, self.policy, self.cluster
+        k = j.gpus
+        gt = j.gpu_type
+        view = cl.views.get(gt)
+        kind = self.kinds.get((j.user, j.group, j.array_job_id, j.array_max_running, j.priority)) or self._kind(j)
+        if k <= 0 or view is None or k > view.max_size or j.offpeak or (j.begin is not None and j.begin > now):
+            return None
+        limit = float(j.time_limit_s or self.default_limit)
+        lims, mtl = kind
+        if mtl is not None and limit > mtl:
+            return None
+        blocked: Limit | None = None
+        for lim, per_gpu in lims:
+            if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                blocked = lim
+                break
+        if blocked is not None:
+            return (blocked.reason, k, gt, view, limit, lims, False)
+        if view.free_pids and limit < self.failed_shapes.get((k, gt), INF) and (
+                policy.backfill or self.fifo_blocked is None):
+            return None  # it may start now
+        if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
+            pk = _preempt_memo(j)
+            if k < self.failed_preempt.get(pk, INF):
+                if j.priority == "urgent" or self._within_guarantee(j, k):
+                    return None  # it may preempt
+                self.failed_preempt[pk] = k  # beyond its guarantee: as in _try_preempt
+        return (self._waiting_reason(view, k, gt), k, gt, view, limit, lims, True)
+
+    def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
+                   lims: list[tuple[Limit, bool]], unblocked: bool,
+                   single_of: dict[str | None, list[float] | None], pred: AggregateLine | None) -> None:
+        """A deep job's expected start: the limits' time lines, then the aggregate line."""
+        now, cl, deep, expected = self.now, self.cluster, self.deep, self.expected
+        assert deep is not None
+        jid = j.id
+        t = now
+        swaps: list[Limit] | None = None  # limits whose earliest end is replaced at booking
+        for lim, per_gpu in lims:  # Limit.earliest, inlined
+            a = k if per_gpu else 1
+            if lim.line_used + a > lim.cap:
+                if a > lim.cap:
+                    t = INF
+                    break
+                line = lim.line
+                if line[0][1] == a and lim.line_used <= lim.cap:
+                    # the earliest end frees exactly enough: one heapreplace when booked
+                    e = line[0][0]
+                    if e > t:
+                        t = e
+                    if swaps is None:
+                        swaps = [lim]
+                    else:
+                        swaps.append(lim)
+                    continue
+                while lim.line_used + a > lim.cap and line:
+                    e, used = heappop(line)
+                    lim.line_used -= used
+                    if e > t:
+                        t = e
+        backfill = self.policy.backfill
+        if not backfill and t < self.last_start:
+            t = self.last_start
+        if t == INF:
+            expected[jid] = None
+            return
+        shape = (k, gt)
+        sf = self.shape_floor.get(shape)
+        if sf is None:
+            sf = self.shape_floor[shape] = cl.earliest(view, k)
+        if sf == INF:
+            expected[jid] = None
+            return
+        floor = t
+        if t < sf:
+            t = sf
+        if k == 1:  # AggregateLine.take, inlined for one GPU of one model
+            h = single_of.get(gt, 0)
+            if h == 0:
+                h = single_of[gt] = deep.single(cl, view)
+            if h is not None:
+                start = h[0] if h[0] > t else t
+                heapreplace(h, start + limit)
             else:
                 start = deep.take(cl, view, k, limit, t)
-            if self.top_reserved is None and start > now:
-                self.top_reserved = jid
-            if self.fifo_blocked is None and blocked is None:
-                self.fifo_blocked = jid
-            if not backfill:
-                self.last_start = start
-            end = start + limit
-            for lim, per_gpu in lims:
-                a = k if per_gpu else 1
-                if start <= now:
-                    lim.now_used += a
-                if swaps is not None and lim in swaps:
-                    heapreplace(lim.line, (end, a))
-                else:
-                    lim.line_used += a
-                    heappush(lim.line, (end, a))
-            expected[jid] = start if pred is None else self._predicted_start(j, view, floor, limit, start)
+        else:
+            start = deep.take(cl, view, k, limit, t)
+        if self.top_reserved is None and start > now:
+            self.top_reserved = jid
+        if self.fifo_blocked is None and unblocked:
+            self.fifo_blocked = jid
+        if not backfill:
+            self.last_start = start
+        end = start + limit
+        # an estimate is not a start: the limits' use now stays as it is
+        for lim, per_gpu in lims:
+            a = k if per_gpu else 1
+            if swaps is not None and lim in swaps:
+                heapreplace(lim.line, (end, a))
+            else:
+                lim.line_used += a
+                heappush(lim.line, (end, a))
+        expected[jid] = start if pred is None else self._predicted_start(j, view, floor, limit, start)
 
     # ------------------------------------------------------------------ predictions
     def _predicted(self, j: Job, limit: float) -> float:
@@ -555,9 +624,10 @@ class _Cycle:
             self.deep = AggregateLine(cl)
         return self.deep.take(cl, view, k, limit, floor if floor > shape_floor else shape_floor)
 
-    def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float) -> None:
+    def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float,
+              counts_now: bool = True) -> None:
         for lim, per_gpu in lims:
-            lim.book(start, end, j.gpus if per_gpu else 1, self.now)
+            lim.book(start, end, j.gpus if per_gpu else 1, self.now if counts_now else -INF)
 
     # ------------------------------------------------------------------ quotas and preemption
     def _within_guarantee(self, j: Job, k: int) -> bool:
@@ -575,7 +645,7 @@ class _Cycle:
     def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
         # victims and free GPUs only shrink, and GPUs in use only grow, during a walk: a
         # failed attempt (or a job beyond its guarantee) fails again
-        memo = (j.gpu_type, j.user, j.group, j.priority)
+        memo = _preempt_memo(j)
         failed = self.failed_preempt
         if k >= failed.get(memo, INF):
             return False

@@ -10,53 +10,79 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from ..model import PRIORITY_RANK, Job, Policy
 from .fairshare import Usage, fairshare_factors
+
+_submitted = attrgetter("submitted_at")
+_id = attrgetter("id")
 
 
 def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
                   largest_host: int) -> list[Job]:
     """Pending jobs, first to be considered first."""
+    return order_and_classify(now, jobs, policy, usage, largest_host)[0]
+
+
+#: What the planner decides a waiting job by, its id and submit time aside: two jobs of one
+#: class that wait in the same cycle state wait for the same reason.
+job_class = attrgetter("priority", "user", "group", "gpus", "gpu_type", "time_limit_s", "array_job_id",
+                       "array_max_running", "offpeak", "begin")
+
+
+def order_and_classify(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
+                       largest_host: int) -> tuple[list[Job], list[int]]:
+    """The ordered jobs, and for each its class number (equal for jobs of equal `job_class`).
+
+    One pass classifies the jobs; everything in the score but age is a constant of the class,
+    so the per-job work is one clamp and one product (this runs over the whole queue every
+    cycle, see docs/scheduling.md, "Performance")."""
     rank = PRIORITY_RANK
     w_age, w_fs, w_cls, w_size = policy.weight_age, policy.weight_fairshare, policy.weight_class, policy.weight_size
-    strict = policy.strict_classes
+    classes: dict[tuple[object, ...], int] = {}
+    cids = [classes.setdefault(job_class(j), len(classes)) for j in jobs]
     use_fs = policy.fairshare and w_fs != 0
-    if not use_fs and w_age == 0 and w_size == 0 and (strict or w_cls == 0):
-        # plain class + FIFO: no per-job arithmetic
-        return sorted(jobs, key=lambda j: (-rank.get(j.priority, 1), j.submitted_at, j.id))
     fs_user: dict[str, float] = {}
     fs_group: dict[str, float] = {}
     if use_fs:
-        fs_user, fs_group = fairshare_factors(
-            usage, policy.user_shares, policy.group_shares, {j.user for j in jobs},
-            {j.group for j in jobs if j.group}, policy.fairshare_default_share)
-    age_k = w_age / policy.age_saturation_s if policy.age_saturation_s > 0 else 0.0
+        users = {c[1] for c in classes}
+        groups = {c[2] for c in classes if c[2]}
+        fs_user, fs_group = fairshare_factors(usage, policy.user_shares, policy.group_shares, users,
+                                              groups, policy.fairshare_default_share)  # type: ignore[arg-type]
+    # a strict class tier outweighs any score: scores lie within +-(sum of |weights|)
+    tier = 2.0 * (abs(w_age) + abs(w_fs) + abs(w_cls) + abs(w_size)) + 1.0 if policy.strict_classes else 0.0
     size_k = w_size / max(1, largest_host)
-    cls_k = w_cls / 3.0
-    # fair-share is per user (and group): compute each combination once
-    fs_cache: dict[tuple[str, str | None], float] = {}
-
-    def key(j: Job) -> tuple[float, float, float, int]:
-        r = rank.get(j.priority, 1)
-        age = now - j.submitted_at
-        score = (w_age if age * age_k >= w_age else age * age_k) if age > 0 else 0.0
-        score += cls_k * r + size_k * min(j.gpus, largest_host)
-        if use_fs:
-            ug = (j.user, j.group)
-            f = fs_cache.get(ug)
-            if f is None:
-                fu = fs_user.get(j.user, 1.0)
-                f = (fu * fs_group.get(j.group, 1.0)) ** 0.5 if j.group else fu
-                f = fs_cache[ug] = w_fs * f
-            score += f
-        return (-r if strict else 0, -score, j.submitted_at, j.id)
-
-    return sorted(jobs, key=key)
+    # per class: everything in -(sort key) but age; the class and fair-share part per
+    # (class, user, group), the size part per GPU count
+    base: dict[tuple[object, ...], float] = {}
+    sizes = [size_k * k for k in range(largest_host + 1)]
+    const: list[float] = []
+    for c in classes:
+        b = base.get(c[:3])
+        if b is None:
+            priority, user, group = c[:3]
+            r = rank.get(priority, 1)  # type: ignore[call-overload]
+            b = tier * r + w_cls / 3.0 * r
+            if use_fs:
+                fu = fs_user.get(user, 1.0)  # type: ignore[call-overload]
+                b += w_fs * ((fu * fs_group.get(group, 1.0)) ** 0.5 if group else fu)  # type: ignore[call-overload]
+            base[c[:3]] = b
+        k: int = c[3]  # type: ignore[assignment]
+        const.append(b + sizes[k if 0 <= k <= largest_host else (largest_host if k > 0 else 0)])
+    sat = policy.age_saturation_s
+    age_k = w_age / sat if sat > 0 else 0.0
+    lo = now - sat if sat > 0 else now
+    # age part = age_k * (clamped submit - now) negated: older (up to saturation) sorts first
+    # (key, submit time, id, position): ids are unique, so the position is never compared
+    keys = [(age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
+            for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
+    keys.sort()
+    return [jobs[k[3]] for k in keys], [cids[k[3]] for k in keys]
 
 
 def multifactor_score(now: float, job: Job, policy: Policy, fairshare: float, largest_host: int) -> float:
-    """The score of one job (for docs and the API); `order_pending` inlines the same sum."""
+    """The score of one job (for docs and the API); `order_and_classify` sorts by the same sum."""
     age = max(0.0, now - job.submitted_at)
     age_f = min(1.0, age / policy.age_saturation_s) if policy.age_saturation_s > 0 else 0.0
     return (policy.weight_age * age_f
