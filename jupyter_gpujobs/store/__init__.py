@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,24 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..model import Dependency, Job, JobState
 from .tables import AllocationRow, Base, EventRow, JobRow, UsageRow
 
-__all__ = ["Store", "Event", "GPUAlreadyAllocated"]
+__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class GPUAlreadyAllocated(RuntimeError):
     """Refused: the GPU is held by another job (the unique index said no)."""
+
+
+@dataclass(frozen=True)
+class NewJobs:
+    """One submission to store: its jobs' fields, who submitted it (the event's actor) and when.
+    With `array`, the jobs are the tasks of one array job, whose id is its first task's id."""
+
+    specs: Sequence[dict[str, Any]]
+    actor: str
+    now: float
+    array: bool = False
 
 
 class Event(dict):
@@ -177,28 +189,49 @@ class Store:
     }
 
     def add_jobs(self, specs: Sequence[dict[str, Any]], actor: str, now: float) -> list[Job]:
-        """Insert new PENDING jobs with their "submitted" events, in one transaction.
+        """Insert new PENDING jobs with their "submitted" events, in one transaction."""
+        return self.add_submissions([NewJobs(specs, actor, now)])[0]
 
-        Core inserts rather than ORM objects: this is the submit path, and the ORM's unit of
-        work cost more than the SQLite commit itself.
+    def add_submissions(self, submissions: Sequence[NewJobs]) -> list[list[Job]]:
+        """Insert several submissions' jobs and "submitted" events in one transaction (one
+        commit for the lot: the engine's group commit); returns each submission's jobs, ids
+        in submission order. All or nothing: on an error nothing of the batch is stored.
+
+        Core executemany inserts rather than ORM objects: this is the submit path, and the
+        ORM's unit of work cost more than the SQLite commit itself.
         """
         jobs_table = JobRow.__table__
-        rows = []
-        for spec in specs:
-            values = {**self._NEW_JOB_DEFAULTS, **_row_values({**spec, "state": JobState.PENDING,
-                                                                "submitted_at": now})}
-            rows.append({k: v for k, v in values.items() if v is not None or k not in self._NEW_JOB_DEFAULTS})
         columns = [c.name for c in jobs_table.columns if c.name != "id"]
-        insert_job = insert(jobs_table).returning(jobs_table.c.id)  # compiled once, then cached
+        groups: list[list[dict[str, Any]]] = []
+        for sub in submissions:
+            rows = []
+            for spec in sub.specs:
+                values = {**self._NEW_JOB_DEFAULTS, **_row_values({**spec, "state": JobState.PENDING,
+                                                                    "submitted_at": sub.now})}
+                rows.append({k: v for k, v in values.items() if v is not None or k not in self._NEW_JOB_DEFAULTS})
+            groups.append(rows)
+        all_rows = [values for rows in groups for values in rows]
+        if not all_rows:
+            return [[] for _ in submissions]
+        insert_jobs = insert(jobs_table).returning(jobs_table.c.id, sort_by_parameter_order=True)
         with self.engine.begin() as conn:
-            for values in rows:
-                params = _columns(values)
-                values["id"] = conn.execute(insert_job, {c: params.get(c) for c in columns}).scalar_one()
+            params = [_columns(values) for values in all_rows]
+            ids = conn.execute(insert_jobs, [{c: p.get(c) for c in columns} for p in params]).scalars().all()
+            for values, job_id in zip(all_rows, ids):
+                values["id"] = job_id
+            for sub, rows in zip(submissions, groups):
+                if sub.array and rows:
+                    array_id = rows[0]["id"]
+                    conn.execute(update(jobs_table).where(jobs_table.c.id.in_([v["id"] for v in rows]))
+                                 .values(array_job_id=array_id))
+                    for values in rows:
+                        values["array_job_id"] = array_id
             conn.execute(insert(EventRow.__table__), [
-                {"job_id": v["id"], "time": now, "state": "PENDING", "actor": actor, "reason": "submitted",
-                 "data": {}} for v in rows
+                {"job_id": values["id"], "time": sub.now, "state": "PENDING", "actor": sub.actor,
+                 "reason": "submitted", "data": {}}
+                for sub, rows in zip(submissions, groups) for values in rows
             ])
-        return [_job_from_values(v) for v in rows]
+        return [[_job_from_values(v) for v in rows] for rows in groups]
 
     def update_job(self, job_id: int, **fields: Any) -> None:
         """Change stored fields without a state change (no event)."""
