@@ -208,11 +208,15 @@ class JobService:
 
     async def _schedule_loop(self) -> None:
         assert self._wake is not None
+        loop = asyncio.get_running_loop()
         while True:
+            # (a tick timer rather than wait_for(): before Python 3.12 wait_for() can swallow
+            # the cancel of stop() when the event is set at the same moment)
+            tick = loop.call_later(self.tick_interval, self.wake)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_interval)
-            except asyncio.TimeoutError:
-                pass
+                await self._wake.wait()
+            finally:
+                tick.cancel()
             self._wake.clear()
             try:
                 self.cycle()
