@@ -4,6 +4,8 @@ It wakes on a submission, a job's exit or a tick; takes a snapshot (active jobs,
 calls the pure `schedule()`; carries the plan out through the runner; and publishes every
 state change to listeners (the websocket). It never speaks HTTP: the server's handlers call
 its methods and turn `InvalidInput` / `PermissionDenied` / `NotFound` into 4xx answers.
+Submissions of one event-loop turn are committed together (group commit), each answered
+with its own jobs or its own error.
 
 The service keeps the active (pending and running) jobs in memory as well as in the store,
 because it is their only writer: a cycle over 10,000 queued jobs must not reload them all.
@@ -33,7 +35,7 @@ from .model import (
 from .runners import Exit, LaunchRequest, LocalRunner
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
-from .store import GPUAlreadyAllocated, Store
+from .store import GPUAlreadyAllocated, NewJobs, Store
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -110,6 +112,7 @@ class JobService:
         self._listeners: set[Listener] = set()
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
         self._wake: asyncio.Event | None = None
+        self._submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
         self._tasks: list[asyncio.Task[Any]] = []
         self._usage = Usage()
         self._usage_at = 0.0
@@ -135,6 +138,7 @@ class JobService:
         self.wake()
 
     async def stop(self) -> None:
+        self._store_submissions()  # what was accepted is committed before the engine stops
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -328,8 +332,23 @@ class JobService:
 
     # ================================================================= commands
 
-    def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
-        """Validate and store a submission; returns the new job(s) (several for an array)."""
+    async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
+        """Validate and store a submission; returns the new job(s) (several for an array)
+        once they are committed.
+
+        Submissions that arrive in the same event-loop turn are committed together (group
+        commit): validated one by one here, so a bad one fails alone with its InvalidInput,
+        then inserted in one transaction by `_store_submissions`.
+        """
+        new = self._validated(user, body)
+        future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
+        if not self._submissions:
+            asyncio.get_running_loop().call_soon(self._store_submissions)
+        self._submissions.append((new, future))
+        return await future
+
+    def _validated(self, user: str, body: dict[str, Any]) -> NewJobs:
+        """A submission checked and turned into the rows to store; raises InvalidInput."""
         now = self.clock()
         fields = validate_submission(body, self.inventory, self.policy, now)
         group = fields["group"]
@@ -352,19 +371,51 @@ class JobService:
         limit = fields.pop("array_max_running")
         base = {**fields, "user": user}
         if not array:
-            jobs = self.store.add_jobs([base], actor=user, now=now)
-        else:
-            first = self.store.add_jobs([{**base, "array_index": array[0], "array_max_running": limit}],
-                                        actor=user, now=now)[0]
-            self.store.update_job(first.id, array_job_id=first.id)
-            first = replace(first, array_job_id=first.id)
-            rest = self.store.add_jobs(
-                [{**base, "array_job_id": first.id, "array_index": i, "array_max_running": limit}
-                 for i in array[1:]],
-                actor=user, now=now,
-            )
-            jobs = [first, *rest]
-        if fields["kind"] == "notebook":
+            return NewJobs([base], actor=user, now=now)
+        return NewJobs([{**base, "array_index": i, "array_max_running": limit} for i in array],
+                       actor=user, now=now, array=True)
+
+    def _store_submissions(self) -> None:
+        """Commit the submissions that arrived since the last call (one event-loop turn) in
+        one transaction, then answer each with its own jobs or its own error."""
+        batch, self._submissions = self._submissions, []
+        if not batch:
+            return
+        for (new, future), outcome in zip(batch, self._insert([new for new, _ in batch])):
+            if not isinstance(outcome, Exception):
+                try:
+                    outcome = self._accepted(outcome, new)
+                except Exception as err:
+                    outcome = err
+            if future.done():  # its request went away; its jobs are stored all the same
+                continue
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        self.wake()
+
+    def _insert(self, batch: list[NewJobs]) -> list[list[Job] | Exception]:
+        """All in one transaction; if that fails, each on its own, so that one bad submission
+        costs only itself."""
+        try:
+            return list(self.store.add_submissions(batch))
+        except Exception as err:
+            if len(batch) == 1:
+                return [err]
+            log.warning("gpujobs: storing %d submissions together failed (%s); storing them one by one",
+                        len(batch), err)
+        outcomes: list[list[Job] | Exception] = []
+        for new in batch:
+            try:
+                outcomes.append(self.store.add_submissions([new])[0])
+            except Exception as err:
+                outcomes.append(err)
+        return outcomes
+
+    def _accepted(self, jobs: list[Job], new: NewJobs) -> list[Job]:
+        """Stored jobs join the engine's active set and are announced."""
+        if jobs and jobs[0].kind == "notebook":
             from .notebooks import notebook_command
 
             for i, job in enumerate(jobs):
@@ -373,9 +424,8 @@ class JobService:
                 jobs[i] = replace(job, command=command, payload=payload)
         for job in jobs:
             self._active[job.id] = job
-            self._publish(job, {"job_id": job.id, "time": now, "state": "PENDING", "actor": user,
+            self._publish(job, {"job_id": job.id, "time": new.now, "state": "PENDING", "actor": new.actor,
                                 "reason": "submitted"})
-        self.wake()
         return jobs
 
     def check_owner(self, job: Job, user: str) -> None:

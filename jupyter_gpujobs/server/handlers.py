@@ -137,7 +137,7 @@ class JobsHandler(GPUJobsHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise ApiError(400, "body", "expected a JSON object describing the job")
-        jobs = self.service.submit(self.owner, body)
+        jobs = await self.service.submit(self.owner, body)
         out = self.service.view(jobs[0])
         if len(jobs) > 1:
             out["array_tasks"] = [j.id for j in jobs]
