@@ -1,11 +1,11 @@
 """The engine: owns the job life cycle between the store, the scheduler and the runner.
 
-It wakes on a submission, a job's exit or a tick; takes a snapshot (active jobs, GPUs, usage);
-calls the pure `schedule()`; carries the plan out through the runner; and publishes every
-state change to listeners (the websocket). It never speaks HTTP: the server's handlers call
-its methods and turn `InvalidInput` / `PermissionDenied` / `NotFound` into 4xx answers.
-Submissions of one event-loop turn are committed together (group commit), each answered
-with its own jobs or its own error.
+It wakes on a job's exit, a tick, or a burst of submissions once it pauses; takes a snapshot
+(active jobs, GPUs, usage); calls the pure `schedule()`; carries the plan out through the
+runner; and publishes every state change to listeners (the websocket). It never speaks HTTP:
+the server's handlers call its methods and turn `InvalidInput` / `PermissionDenied` /
+`NotFound` into 4xx answers. Submissions of one event-loop turn are committed together
+(group commit), each answered with its own jobs or its own error.
 
 The service keeps the active (pending and running) jobs in memory as well as in the store,
 because it is their only writer: a cycle over 10,000 queued jobs must not reload them all.
@@ -66,6 +66,11 @@ Listener = Callable[[dict[str, Any]], None]
 
 
 class JobService:
+    #: A burst of submissions gets one scheduling cycle once it pauses this long (seconds) ...
+    SUBMIT_SETTLE_S = 0.02
+    #: ... or this long after its first submission, whichever comes first.
+    SUBMIT_MAX_DELAY_S = 0.5
+
     def __init__(
         self,
         store: Store,
@@ -113,6 +118,9 @@ class JobService:
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
         self._wake: asyncio.Event | None = None
         self._submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
+        self._burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
+        self._burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
+        self._last_submit_at = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self._usage = Usage()
         self._usage_at = 0.0
@@ -139,6 +147,9 @@ class JobService:
 
     async def stop(self) -> None:
         self._store_submissions()  # what was accepted is committed before the engine stops
+        if self._burst_timer is not None:
+            self._burst_timer.cancel()
+            self._burst_timer = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -207,8 +218,28 @@ class JobService:
                      ", ".join(str(i) for i in sorted(self._handles)))
 
     def wake(self) -> None:
+        """Run a scheduling cycle as soon as the loop may (something ended, changed, ...)."""
         if self._wake is not None:
             self._wake.set()
+
+    def _wake_after_burst(self) -> None:
+        """Submissions were stored: one cycle after their burst, not one per submission. The
+        cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
+        after the first submission that no cycle has seen yet."""
+        loop = asyncio.get_running_loop()
+        self._last_submit_at = loop.time()
+        if self._burst_timer is None:
+            self._burst_started_at = self._last_submit_at
+            self._burst_timer = loop.call_later(self.SUBMIT_SETTLE_S, self._burst_check)
+
+    def _burst_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = min(self._last_submit_at + self.SUBMIT_SETTLE_S, self._burst_started_at + self.SUBMIT_MAX_DELAY_S)
+        if loop.time() < due:
+            self._burst_timer = loop.call_at(due, self._burst_check)
+            return
+        self._burst_timer = None
+        self.wake()
 
     async def _schedule_loop(self) -> None:
         assert self._wake is not None
@@ -226,8 +257,8 @@ class JobService:
                 self.cycle()
             except Exception:
                 log.exception("gpujobs: scheduling cycle failed")
-            # Under a burst of submissions cycles over a long queue would run back to back and
-            # starve the handlers: rest three times as long as the scheduling itself took.
+            # Under load cycles over a long queue would run back to back and starve the
+            # handlers: rest three times as long as the scheduling itself took.
             # (Only the decision counts: starting processes is not what grows with the queue.)
             await asyncio.sleep(max(0.005, 3 * self.schedule_seconds))
 
@@ -393,7 +424,7 @@ class JobService:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-        self.wake()
+        self._wake_after_burst()
 
     def _insert(self, batch: list[NewJobs]) -> list[list[Job] | Exception]:
         """All in one transaction; if that fails, each on its own, so that one bad submission
@@ -584,6 +615,9 @@ class JobService:
     def cycle(self) -> Plan:
         """One scheduling cycle: snapshot -> schedule() -> carry out the plan."""
         t0 = time.perf_counter()
+        if self._burst_timer is not None:  # this cycle sees every submission stored so far
+            self._burst_timer.cancel()
+            self._burst_timer = None
         now = self.clock()
         gpus = [g for g in self.inventory]
         pending = [j for j in self._active.values() if j.state is JobState.PENDING]

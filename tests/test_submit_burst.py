@@ -74,3 +74,23 @@ async def test_one_turn_is_one_commit(engine: Any) -> None:
     assert [j.name for [j] in jobs] == [f"burst-{i}" for i in range(20)]
     assert all(engine.active_job(i) is not None for i in ids)
     assert sorted(engine.store.get_many(ids)) == sorted(ids)
+
+
+async def test_a_burst_gets_one_cycle_after_it(api: Any, engine: Any) -> None:
+    """Submissions one after another (each its own turn and commit) do not each run a
+    scheduling cycle: the cycle comes once the burst pauses, and places them all."""
+    from servers import wait_for
+
+    await wait_for(lambda: engine.cycle_seconds)  # the engine's first cycle
+    before = len(engine.cycle_seconds)
+    for i in range(30):
+        status, _ = await api("POST", "jobs", _body(i))
+        assert status == 201
+    assert len(engine.cycle_seconds) - before <= 2  # at most a tick's and a long burst's
+    status, queue = await wait_for(lambda: _placed(api), timeout=5)
+    assert [j["position"] for j in queue["jobs"]] == list(range(1, 31))
+
+
+async def _placed(api: Any) -> tuple[int, Any] | None:
+    status, queue = await api("GET", "queue")
+    return (status, queue) if all(j["position"] for j in queue["jobs"]) else None
