@@ -228,3 +228,31 @@ def test_rollup_of_a_gpu_back_after_a_long_absence(store: Store) -> None:
     mstore.rollup(store, now + 60, raw_keep_s=600, minute_keep_s=7200, hour_keep_s=400 * 86400)
     report = heatmap_report(store, old - 3600, old + 3600)
     assert report["utilization"][0][10] == 90.0, "rolled up into an hour row before the raw row was pruned"
+
+
+def test_rollup_keeps_readings_committed_while_it_runs(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer (a second host, imported history, a test seeding a live server) commits
+    old readings after the roll-ups have read the table but before the prune: they are not
+    rolled up this time, so they must stay for the next rollup, not be pruned unrolled."""
+    old = datetime(2026, 3, 4, 14, 0).timestamp()
+    now = old + 30 * 86400 + 30
+    mstore.add_samples(store, [_sample(1, now - 1, 40.0)])  # the live GPU: its minute is not complete yet,
+    other = Store(store.url)  # so this rollup writes nothing before the prune and holds no write lock
+    roll = mstore._roll
+
+    def roll_then_commit(s: object, source: int, target: int, at: float) -> int:
+        done = roll(s, source, target, at)
+        if target == mstore.HOUR:  # both roll-ups have read the table; the prune comes next
+            mstore.add_samples(other, [_sample(0, old + 600, 95.0)])
+        return done
+
+    monkeypatch.setattr(mstore, "_roll", roll_then_commit)
+    mstore.rollup(store, now, raw_keep_s=600, minute_keep_s=7200, hour_keep_s=400 * 86400)
+    monkeypatch.setattr(mstore, "_roll", roll)
+    other.close()
+    assert heatmap_report(store, old - 3600, old + 3600)["utilization"][2][14] == 95.0, "kept, not pruned"
+    done = mstore.rollup(store, now + 60, raw_keep_s=600, minute_keep_s=7200, hour_keep_s=400 * 86400)
+    assert done["minutes"] >= 1 and done["hours"] >= 1
+    assert mstore.samples(store, old, old + 3600, resolution=mstore.RAW) == [], "pruned once rolled up"
+    report = heatmap_report(store, old - 3600, old + 3600)
+    assert report["utilization"][2][14] == 95.0 and report["samples"][2][14] == 1

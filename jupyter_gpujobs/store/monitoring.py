@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.orm import aliased
 
 from . import Store
 from .tables import AllocationRow, FindingRow, GPUInfoRow, GPUSampleRow, JobRow, JobStatsRow
@@ -231,9 +232,25 @@ def _roll(s: Any, source: int, target: int, now: float) -> int:
     return len(buckets)
 
 
+def _covered_until(coarser: Sequence[int]) -> Any:
+    """The end of the last `coarser` bucket of the row's own GPU (NULL when it has none), as a
+    subquery correlated with the gpu_samples row being deleted."""
+    bucket = aliased(GPUSampleRow)
+    return (select(func.max(bucket.time + bucket.resolution))
+            .where(bucket.host == GPUSampleRow.host, bucket.gpu_index == GPUSampleRow.gpu_index,
+                   bucket.resolution.in_(coarser))
+            .scalar_subquery())
+
+
 def rollup(store: Store, now: float, raw_keep_s: float, minute_keep_s: float, hour_keep_s: float) -> dict[str, int]:
     """Roll complete minutes of raw readings into minute rows and complete hours of minute rows
-    into hour rows, then delete rows past their retention. Returns what it did."""
+    into hour rows, then delete rows past their retention. Returns what it did.
+
+    Raw and minute rows are deleted only where a coarser bucket of their GPU already covers
+    them, decided in the DELETE itself: readings another writer commits while this runs (a
+    second host, imported history) are not seen by the roll-ups above and must wait for the
+    next rollup rather than be pruned unrolled (SQLite runs the reads above outside the write
+    transaction, PostgreSQL's READ COMMITTED sees each statement's own snapshot)."""
     raw_keep_s = max(raw_keep_s, 2 * MINUTE)
     minute_keep_s = max(minute_keep_s, 2 * HOUR)
     with store._session.begin() as s:
@@ -241,9 +258,12 @@ def rollup(store: Store, now: float, raw_keep_s: float, minute_keep_s: float, ho
         s.flush()
         hours = _roll(s, MINUTE, HOUR, now)
         pruned = 0
-        for resolution, keep in ((RAW, raw_keep_s), (MINUTE, minute_keep_s), (HOUR, hour_keep_s)):
-            result = s.execute(delete(GPUSampleRow).where(GPUSampleRow.resolution == resolution,
-                                                          GPUSampleRow.time < now - keep))
+        for resolution, keep, coarser in ((RAW, raw_keep_s, (MINUTE, HOUR)), (MINUTE, minute_keep_s, (HOUR,)),
+                                          (HOUR, hour_keep_s, ())):
+            condition = [GPUSampleRow.resolution == resolution, GPUSampleRow.time < now - keep]
+            if coarser:
+                condition.append(GPUSampleRow.time < _covered_until(coarser))
+            result = s.execute(delete(GPUSampleRow).where(*condition))
             pruned += result.rowcount or 0
     return {"minutes": minutes, "hours": hours, "pruned": pruned}
 
