@@ -409,6 +409,8 @@ class Plan:
     reasons: dict[int, str] = field(default_factory=dict)  # why each still-pending job waits
     expected_start: dict[int, float | None] = field(default_factory=dict)
     cancels: list[tuple[int, str]] = field(default_factory=list)  # e.g. afterok dependency failed
+    # the priority order this cycle used (scheduler.priority.QueueOrder), for the next cycles
+    queue_order: Any = field(default=None, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- job requests

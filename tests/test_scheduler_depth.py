@@ -226,3 +226,32 @@ def test_a_cycle_without_estimates_decides_exactly_the_same() -> None:
                 assert all(full.expected_start[i] == t for i, t in quick.expected_start.items())
                 if depth and len(full.order) > 2 * depth + len(full.starts):
                     assert len(quick.expected_start) < len(full.expected_start)  # the deep ones
+
+
+def test_a_kept_priority_order_places_new_jobs_as_its_calculation_would() -> None:
+    """Between priority calculations the server passes the last order: jobs that left drop
+    out, new and requeued ones go exactly where a calculation at the same time would put
+    them, and the cycle decides as one that calculated the order itself."""
+    from jupyter_gpujobs.model import Quota
+    from jupyter_gpujobs.scheduler import Usage
+    from jupyter_gpujobs.scheduler.priority import QueueOrder
+
+    pol = Policy(user_max_running_jobs=6, user_max_gpus=10, urgent_reserve_gpus=4,
+                 group_quotas={"g0": Quota(guaranteed_gpus=8, max_running_jobs=30)})
+    usage = Usage({"u0": 5e5, "u1": 1e5, "u3": 2e4}, {"g0": 3e5})
+    for seed in range(4):
+        pending, running, inv = _random_snapshot(seed, 6, 300)
+        first = schedule(NOW, pending[:200], running, inv, pol, usage)
+        # later: 50 of them started or ended, 100 new ones arrived, one came back requeued
+        later = pending[50:] + [pending[10]]
+        kept = schedule(NOW, later, running, inv, pol, usage, order=first.queue_order)
+        fresh = schedule(NOW, later, running, inv, pol, usage)
+        assert kept.order == fresh.order and kept.starts == fresh.starts
+        assert kept.reasons == fresh.reasons and kept.expected_start == fresh.expected_start
+        # an hour on, the kept order is still the one of its calculation (ages not refreshed)
+        calc = QueueOrder.compute(NOW, later, pol, usage, 8)
+        hour = schedule(NOW + 3600, later, running, inv, pol, usage, order=first.queue_order)
+        assert hour.order == [j.id for j in calc.arrange(later)[0]]
+        # and its own kept order moves on with it
+        again = schedule(NOW + 3600, later[5:], running, inv, pol, usage, order=hour.queue_order)
+        assert again.order == [i for i in hour.order if i not in {j.id for j in later[:5]}]

@@ -18,31 +18,43 @@ failed preemption attempts are memoised the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from heapq import heappop, heappush, heapreplace
-from itertools import islice
+from itertools import compress, islice
+from operator import attrgetter
 
 from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
 from .preemption import choose_victims, victims_text
-from .priority import order_and_classify
+from .priority import QueueOrder
 from .quotas import Limit, Quotas
 
 
 def schedule(now: float, pending: Sequence[Job], running: Sequence[Job], gpus: Sequence[GPU],
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
-             finished: Mapping[int, JobState] | None = None, estimate: bool = True) -> Plan:
+             finished: Mapping[int, JobState] | None = None, estimate: bool = True,
+             order: QueueOrder | None = None) -> Plan:
     """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
 
     With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
     reasons, and books the reservations of the first `policy.reservation_depth` blocked jobs,
     but gives the jobs past that depth no expected start (`plan.expected_start` has no entry
     for them): the deep-queue estimate is most of a cycle's cost, and a server refreshes it
-    less often than it decides (see `GPUJobs.estimate_seconds`)."""
+    less often than it decides (see `GPUJobs.estimate_interval`).
+
+    `order` is the priority order of an earlier cycle (its `plan.queue_order`): the jobs it
+    holds keep their places, new ones take theirs, and the priorities are not recalculated
+    (the server recalculates them with the estimates). None: calculate them now."""
     cycle = _Cycle(now, running, gpus, policy, finished or {}, pending)
     cycle.estimate = estimate
+    cycle.order = order
     return cycle.run(pending, as_usage(usage))
+
+
+_id = attrgetter("id")
+_depends = attrgetter("depends")
 
 
 def _may_fit(k: int, lims: list[tuple[Limit, bool]]) -> bool:
@@ -60,6 +72,7 @@ def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
 
 class _Cycle:
     estimate = True  # book the jobs past the reservation depth for their expected start
+    order: QueueOrder | None = None  # a kept priority order, else calculated
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
                  finished: Mapping[int, JobState], pending: Sequence[Job]):
@@ -74,7 +87,7 @@ class _Cycle:
                      for j in running}
         self.cluster = Cluster(now, gpus, running, self.ends)
         self.quotas = Quotas(policy)
-        self.active = {j.id for j in pending} | {j.id for j in running}
+        self.pending = pending
         self.limits: dict[tuple[str, object], Limit | None] = {}
         self.user_limits: dict[str, list[tuple[Limit, bool]]] = {}
         self.group_limits: dict[str | None, list[tuple[Limit, bool]]] = {}
@@ -123,6 +136,11 @@ class _Cycle:
         self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
         for j in running:
             self._account_running(j)
+
+    @cached_property
+    def active(self) -> set[int]:
+        """Ids of the active jobs (for dependencies only, so built only when one has them)."""
+        return set(map(_id, self.pending)).union(map(_id, self.running))
 
     # ------------------------------------------------------------------ limits
     def _limit(self, key: tuple[str, object], cap: int | None, text: str) -> Limit | None:
@@ -197,19 +215,21 @@ class _Cycle:
     # ------------------------------------------------------------------ the walk
     def run(self, pending: Sequence[Job], usage: Usage) -> Plan:
         plan, now, policy = self.plan, self.now, self.policy
-        queue: list[Job] = []
+        queue: Sequence[Job] = pending
         waiting_dep: dict[int, int] = {}
-        for j in pending:
-            if j.depends:
-                status, what = dependency_status(j, self.finished, self.active)
-                if status == "cancel":
-                    plan.cancels.append((j.id, str(what)))
-                    continue
-                if status == "wait":
-                    waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
-            queue.append(j)
-        ordered, classes = order_and_classify(now, queue, policy, usage, self.cluster.largest_host)
-        plan.order = [j.id for j in ordered]
+        cancelled: set[int] = set()
+        for j in compress(pending, map(_depends, pending)):  # the few jobs with dependencies
+            status, what = dependency_status(j, self.finished, self.active)
+            if status == "cancel":
+                plan.cancels.append((j.id, str(what)))
+                cancelled.add(j.id)
+            elif status == "wait":
+                waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
+        if cancelled:
+            queue = [j for j in pending if j.id not in cancelled]
+        order = self.order or QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host)
+        ordered, classes, plan.queue_order = order.arrange(queue)
+        plan.order = list(map(_id, ordered))
         windows = policy.offpeak_windows
         off = policy.utc_offset_s
         offpeak_now = next_window_start(now + off, windows) if windows else None
@@ -250,6 +270,11 @@ class _Cycle:
 
     def _place_now(self, j: Job) -> None:
         """`_place` from now, or from its begin time or the next off-peak window."""
+        self._place(j, *self._floor(j))
+
+    def _floor(self, j: Job) -> tuple[float, str | None]:
+        """When a job may start at the earliest (now, its begin time or the next off-peak
+        window), and the reason when that is later than now."""
         now = self.now
         floor = now
         why: str | None = None
@@ -263,7 +288,7 @@ class _Cycle:
             if nxt is not None and nxt - off > floor:
                 floor = nxt - off
                 why = "waiting for off-peak hours"
-        self._place(j, floor, why)
+        return floor, why
 
     def _dependency_floor(self, j: Job) -> float | None:
         floor = self.now
@@ -414,6 +439,11 @@ class _Cycle:
         job of one class (`job_class`) while the free GPUs, the limits in use and the jobs
         named in reasons stay the same, so it is made once per class and reused until one of
         them changes: over a deep queue most jobs cost one dictionary lookup."""
+        if not self.estimate and self.fifo_blocked is not None and self.top_reserved is not None:
+            resume = self._decide_deep_bulk(ordered, classes, first, waiting_dep, later)
+            if resume is None:
+                return
+            first = resume
         cl = self.cluster
         reasons, limit_s = self.plan.reasons, self._limit_s
         estimate = self.estimate
@@ -458,6 +488,52 @@ class _Cycle:
                     stale = True
                 self._book_deep(j, view, k, gt, limit, lims, unblocked, single_of, pred)
 
+    def _decide_deep_bulk(self, ordered: list[Job], classes: list[int], first: int,
+                          waiting_dep: Mapping[int, int], later: list[Job]) -> int | None:
+        """The deep walk of a cycle that does not estimate, by class instead of by job.
+
+        Decide each class once from its first job (`_decide_deep` changes nothing), write
+        every job's reason in bulk, then walk the jobs no class decision covers (they may
+        start or preempt; dependency waiters go to `later`) in queue order. While none of
+        them changes the GPUs, the limits in use or the jobs named in reasons, every class
+        decision stays what the job-by-job walk would give. When one does, the jobs after it
+        are left to that walk: returns where it resumes (None when all is done)."""
+        jobs, cls = ordered[first:], classes[first:]
+        decided: dict[int, str] = {}
+        special: set[int] = set()
+        for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
+            d = None if j.depends else self._decide_deep(j)
+            if d is None:
+                special.add(c)
+            else:
+                decided[c] = d[0]
+        reasons = self.plan.reasons
+        reasons.update(zip(map(_id, jobs), map(decided.get, cls)))  # type: ignore[arg-type]
+        if not special:
+            return None
+        rest = list(compress(range(len(cls)), map(special.__contains__, cls)))
+        for n in rest:  # no reason yet: each gets its own (a started job none)
+            del reasons[jobs[n].id]
+        for n in rest:
+            j = jobs[n]
+            if waiting_dep and j.id in waiting_dep:
+                later.append(j)
+                continue
+            c = cls[n]
+            why = decided.get(c)
+            if why is None and not j.depends:  # a failed attempt may have decided its class
+                d = self._decide_deep(j)
+                if d is not None:
+                    why = decided[c] = d[0]
+            if why is not None:
+                reasons[j.id] = why
+                continue
+            state = (self.gen, self.fifo_blocked, self.top_reserved)
+            self._place_now(j)
+            if state != (self.gen, self.fifo_blocked, self.top_reserved):
+                return first + n + 1
+        return None
+
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
         """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
         can only wait, or None for one that needs `_place` (no GPUs asked, a begin or off-peak
@@ -467,12 +543,18 @@ class _Cycle:
         gt = j.gpu_type
         view = cl.views.get(gt)
         kind = self.kinds.get((j.user, j.group, j.array_job_id, j.array_max_running, j.priority)) or self._kind(j)
-        if k <= 0 or view is None or k > view.max_size or j.offpeak or (j.begin is not None and j.begin > now):
+        if k <= 0 or view is None or k > view.max_size:
             return None
         limit = float(j.time_limit_s or self.default_limit)
         lims, mtl = kind
         if mtl is not None and limit > mtl:
             return None
+        if j.offpeak or (j.begin is not None and j.begin > now):
+            if self.estimate:
+                return None  # its estimate starts from its floor: `_place`
+            floor, why = self._floor(j)
+            if floor > now:  # it only waits, for the reason `_place` gives first
+                return (why or "waiting", k, gt, view, limit, lims, False)
         blocked: Limit | None = None
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
@@ -484,11 +566,10 @@ class _Cycle:
                 policy.backfill or self.fifo_blocked is None):
             return None  # it may start now
         if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
-            pk = _preempt_memo(j)
-            if k < self.failed_preempt.get(pk, INF):
+            if not self._preempt_failed(j, k):
                 if j.priority == "urgent" or self._within_guarantee(j, k):
                     return None  # it may preempt
-                self.failed_preempt[pk] = k  # beyond its guarantee: as in _try_preempt
+                self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
         return (self._waiting_reason(view, k, gt), k, gt, view, limit, lims, True)
 
     def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
@@ -642,12 +723,18 @@ class _Cycle:
             return f"user {j.user}"
         return f"group {j.group}"
 
+    def _preempt_failed(self, j: Job, k: int) -> bool:
+        """A job like this one (or any of its class and GPU type) failed to preempt for k or
+        fewer GPUs in this walk, so this one would fail too."""
+        failed = self.failed_preempt
+        return k >= failed.get(_preempt_memo(j), INF) or k >= failed.get((j.gpu_type, None, None, j.priority), INF)
+
     def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
         # victims and free GPUs only shrink, and GPUs in use only grow, during a walk: a
         # failed attempt (or a job beyond its guarantee) fails again
         memo = _preempt_memo(j)
         failed = self.failed_preempt
-        if k >= failed.get(memo, INF):
+        if self._preempt_failed(j, k):
             return False
         urgent = j.priority == "urgent"
         if not urgent and not (self.quotas.any_guarantee and self._within_guarantee(j, k)):
@@ -671,6 +758,11 @@ class _Cycle:
         chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
         if chosen is None:
             failed[memo] = min(k, failed.get(memo, k))
+            if not any(v.user == j.user for js in cands.values() for v in js):
+                # nothing was kept from it for being its own, so no other user of its class
+                # could do better (the victims a job may take depend on nothing else)
+                wide = (j.gpu_type, None, None, j.priority)
+                failed[wide] = min(k, failed.get(wide, k))
             return False
         p, victims = chosen
         why = "urgent" if urgent else f"guarantee of {self._guarantee_owner(j, k)}"

@@ -9,8 +9,11 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from ..model import PRIORITY_RANK, Job, Policy
 from .fairshare import Usage, fairshare_factors
@@ -22,67 +25,135 @@ _id = attrgetter("id")
 def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
                   largest_host: int) -> list[Job]:
     """Pending jobs, first to be considered first."""
-    return order_and_classify(now, jobs, policy, usage, largest_host)[0]
+    return QueueOrder.compute(now, jobs, policy, usage, largest_host).arrange(jobs)[0]
 
 
 #: What the planner decides a waiting job by, its id and submit time aside: two jobs of one
 #: class that wait in the same cycle state wait for the same reason.
 job_class = attrgetter("priority", "user", "group", "gpus", "gpu_type", "time_limit_s", "array_job_id",
-                       "array_max_running", "offpeak", "begin")
+                       "array_max_running", "offpeak", "begin", "depends")
+
+Key = tuple[float, float, int]  # (-(score, class tier first), submit time, id): smaller first
 
 
-def order_and_classify(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
-                       largest_host: int) -> tuple[list[Job], list[int]]:
-    """The ordered jobs, and for each its class number (equal for jobs of equal `job_class`).
+class _Calc(NamedTuple):
+    """The constants of one priority calculation."""
 
-    One pass classifies the jobs; everything in the score but age is a constant of the class,
-    so the per-job work is one clamp and one product (this runs over the whole queue every
-    cycle, see docs/scheduling.md, "Performance")."""
-    rank = PRIORITY_RANK
-    w_age, w_fs, w_cls, w_size = policy.weight_age, policy.weight_fairshare, policy.weight_class, policy.weight_size
-    classes: dict[tuple[object, ...], int] = {}
-    cids = [classes.setdefault(job_class(j), len(classes)) for j in jobs]
-    use_fs = policy.fairshare and w_fs != 0
-    fs_user: dict[str, float] = {}
-    fs_group: dict[str, float] = {}
-    if use_fs:
-        users = {c[1] for c in classes}
-        groups = {c[2] for c in classes if c[2]}
-        fs_user, fs_group = fairshare_factors(usage, policy.user_shares, policy.group_shares, users,
-                                              groups, policy.fairshare_default_share)  # type: ignore[arg-type]
-    # a strict class tier outweighs any score: scores lie within +-(sum of |weights|)
-    tier = 2.0 * (abs(w_age) + abs(w_fs) + abs(w_cls) + abs(w_size)) + 1.0 if policy.strict_classes else 0.0
-    size_k = w_size / max(1, largest_host)
-    # per class: everything in -(sort key) but age; the class and fair-share part per
-    # (class, user, group), the size part per GPU count
-    base: dict[tuple[object, ...], float] = {}
-    sizes = [size_k * k for k in range(largest_host + 1)]
-    const: list[float] = []
-    for c in classes:
-        b = base.get(c[:3])
-        if b is None:
-            priority, user, group = c[:3]
-            r = rank.get(priority, 1)  # type: ignore[call-overload]
-            b = tier * r + w_cls / 3.0 * r
-            if use_fs:
-                fu = fs_user.get(user, 1.0)  # type: ignore[call-overload]
-                b += w_fs * ((fu * fs_group.get(group, 1.0)) ** 0.5 if group else fu)  # type: ignore[call-overload]
-            base[c[:3]] = b
-        k: int = c[3]  # type: ignore[assignment]
-        const.append(b + sizes[k if 0 <= k <= largest_host else (largest_host if k > 0 else 0)])
-    sat = policy.age_saturation_s
-    age_k = w_age / sat if sat > 0 else 0.0
-    lo = now - sat if sat > 0 else now
-    # age part = age_k * (clamped submit - now) negated: older (up to saturation) sorts first
-    # (key, submit time, id, position): ids are unique, so the position is never compared
-    keys = [(age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
-            for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
-    keys.sort()
-    return [jobs[k[3]] for k in keys], [cids[k[3]] for k in keys]
+    now: float
+    lo: float  # submit times before it count as the full age_saturation_s
+    age_k: float
+    tier: float
+    w_cls: float
+    w_fs: float
+    size_k: float
+    largest_host: int
+
+
+class QueueOrder:
+    """The queue in priority order as of one priority calculation, and how to place a job
+    that arrives after it (Slurm recalculates priorities every PriorityCalcPeriod, not in every
+    scheduling pass; `GPUJobs.estimate_interval` is ours).
+
+    Everything in the score but age is a constant of the job's class (`job_class`), so the
+    per-job work is one clamp and one product; `arrange` keeps the order for the jobs still
+    pending and puts new ones (and requeued ones) where the same calculation puts them.
+    Immutable: `arrange` returns the order it used without changing this one."""
+
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs")
+
+    def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
+                 const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]]):
+        self.keys = keys  # sorted
+        self.cids = cids  # the class number of each key's job
+        self.classes = classes  # job_class -> class number
+        self.const = const  # class number -> everything in -(key) but age
+        self.calc = calc
+        self.fs = fs  # fair-share factors per user and per group
+
+    @classmethod
+    def compute(cls, now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
+                largest_host: int) -> QueueOrder:
+        """The order of `jobs` at `now` (fair-share from `usage`)."""
+        w_age, w_fs, w_cls, w_size = policy.weight_age, policy.weight_fairshare, policy.weight_class, policy.weight_size
+        classes: dict[tuple[object, ...], int] = {}
+        cids = [classes.setdefault(job_class(j), len(classes)) for j in jobs]
+        fs: tuple[dict[str, float], dict[str, float]] = ({}, {})
+        if policy.fairshare and w_fs != 0:
+            users = {c[1] for c in classes}
+            groups = {c[2] for c in classes if c[2]}
+            fs = fairshare_factors(usage, policy.user_shares, policy.group_shares, users,  # type: ignore[arg-type]
+                                   groups, policy.fairshare_default_share)  # type: ignore[arg-type]
+        else:
+            w_fs = 0.0
+        # a strict class tier outweighs any score: scores lie within +-(sum of |weights|)
+        tier = 2.0 * (abs(w_age) + abs(w_fs) + abs(w_cls) + abs(w_size)) + 1.0 if policy.strict_classes else 0.0
+        sat = policy.age_saturation_s
+        age_k = w_age / sat if sat > 0 else 0.0
+        lo = now - sat if sat > 0 else now
+        calc = _Calc(now, lo, age_k, tier, w_cls, w_fs, w_size / max(1, largest_host), largest_host)
+        order = cls([], cids, classes, [], calc, fs)
+        order.const = [order._const(c) for c in classes]
+        const = order.const
+        # (key, submit time, id, position): ids are unique, so the position is never compared
+        keys = [(age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
+                for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
+        keys.sort()
+        order.cids = [cids[k[3]] for k in keys]
+        order.keys = [k[:3] for k in keys]
+        return order
+
+    def _const(self, c: tuple[object, ...]) -> float:
+        """Everything in -(sort key) but age, for a class."""
+        tier, w_cls, w_fs, size_k, largest_host = self.calc[3:]
+        priority, user, group, k = c[0], c[1], c[2], c[3]
+        r = PRIORITY_RANK.get(priority, 1)  # type: ignore[call-overload]
+        out = tier * r + w_cls / 3.0 * r + size_k * min(max(k, 0), largest_host)  # type: ignore[call-overload]
+        if w_fs:
+            fs_user, fs_group = self.fs
+            fu = fs_user.get(user, 1.0)  # type: ignore[call-overload]
+            out += w_fs * ((fu * fs_group.get(group, 1.0)) ** 0.5 if group else fu)  # type: ignore[call-overload]
+        return out
+
+    def key(self, j: Job) -> tuple[Key, int]:
+        """A job's key and class number in this order (a new class gets a new number)."""
+        now, lo, age_k = self.calc[:3]
+        c = job_class(j)
+        cid = self.classes.get(c)
+        if cid is None:
+            cid = self.classes[c] = len(self.const)
+            self.const.append(self._const(c))
+        s = j.submitted_at
+        return (age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
+
+    def arrange(self, jobs: Sequence[Job]) -> tuple[list[Job], list[int], QueueOrder]:
+        """`jobs` in this order with their class numbers: the ones it holds where they were,
+        the others (new or requeued since) where it would have put them; and the order kept
+        for the next cycle."""
+        by_id = dict(zip(map(_id, jobs), jobs))
+        keys, cids = self.keys, self.cids
+        if len(by_id) != len(keys) or not all(map(by_id.__contains__, map(_key_id, keys))):
+            alive = list(map(by_id.__contains__, map(_key_id, keys)))
+            keys, cids = list(compress(keys, alive)), list(compress(cids, alive))
+        if len(keys) < len(by_id):
+            known = set(map(_key_id, keys))
+            keys, cids = list(keys), list(cids)
+            classes, const = dict(self.classes), list(self.const)
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs)
+            for j in sorted((j for i, j in by_id.items() if i not in known), key=_id):
+                k, cid = order.key(j)
+                at = bisect_left(keys, k)
+                keys.insert(at, k)
+                cids.insert(at, cid)
+        else:
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs)
+        return list(map(by_id.__getitem__, map(_key_id, keys))), cids, order
+
+
+_key_id = itemgetter(2)
 
 
 def multifactor_score(now: float, job: Job, policy: Policy, fairshare: float, largest_host: int) -> float:
-    """The score of one job (for docs and the API); `order_and_classify` sorts by the same sum."""
+    """The score of one job (for docs and the API); `QueueOrder` sorts by the same sum."""
     age = max(0.0, now - job.submitted_at)
     age_f = min(1.0, age / policy.age_saturation_s) if policy.age_saturation_s > 0 else 0.0
     return (policy.weight_age * age_f
