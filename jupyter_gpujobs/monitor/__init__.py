@@ -221,14 +221,18 @@ class Monitor:
 
     async def _loop(self) -> None:
         assert self._wake is not None
+        wake = self._wake
+        loop = asyncio.get_running_loop()
         next_tick = 0.0
         while True:
-            timeout = max(0.0, next_tick - time.monotonic())
+            # a timer rather than wait_for(): before Python 3.12 wait_for() can swallow the
+            # cancel of stop() when the event is set at the same moment, and stop() then hangs
+            timer = loop.call_later(max(0.0, next_tick - time.monotonic()), wake.set)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
+                await wake.wait()
+            finally:
+                timer.cancel()
+            wake.clear()
             try:
                 self._process_ended()
             except Exception:
