@@ -451,6 +451,22 @@ def parse_array(value: Any, field_name: str = "array") -> tuple[list[int], int |
     return sorted(set(indices)), limit
 
 
+def _is_unicode(value: Any) -> bool:
+    """No string in a JSON value holds a lone surrogate (JSON allows "\\ud800"; UTF-8, the
+    database, file names and process arguments do not)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, Mapping):
+        return all(_is_unicode(k) and _is_unicode(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_is_unicode(v) for v in value)
+    return True
+
+
 def validate_submission(
     body: Mapping[str, Any],
     gpus: Sequence[GPU],
@@ -467,6 +483,10 @@ def validate_submission(
     unknown = sorted(set(body) - SUBMIT_FIELDS)
     if unknown:
         raise InvalidInput(unknown[0], f"unknown field; known fields are {', '.join(sorted(SUBMIT_FIELDS))}")
+    for key, value in body.items():
+        if not _is_unicode(value):
+            raise InvalidInput(key, "contains text that is not valid Unicode (a lone surrogate such as "
+                                    "\\ud800); send UTF-8 text")
 
     kind = body.get("kind", "script")
     if kind not in JOB_KINDS:
