@@ -255,3 +255,9 @@ def test_a_kept_priority_order_places_new_jobs_as_its_calculation_would() -> Non
         # and its own kept order moves on with it
         again = schedule(NOW + 3600, later[5:], running, inv, pol, usage, order=hour.queue_order)
         assert again.order == [i for i in hour.order if i not in {j.id for j in later[:5]}]
+        # a user the calculation did not know (no fair-share factor yet) makes a new one
+        heavy = Usage({**usage.users, "zoe": 5e6}, usage.groups)
+        zoe = [replace(pending[0], id=5000, user="zoe", submitted_at=NOW - 9000)]
+        kept = schedule(NOW, later + zoe, running, inv, pol, heavy, order=first.queue_order)
+        assert kept.order == schedule(NOW, later + zoe, running, inv, pol, heavy).order
+        assert kept.order.index(5000) > 0  # her usage counts, not a newcomer's full factor

@@ -227,8 +227,11 @@ class _Cycle:
                 waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
         if cancelled:
             queue = [j for j in pending if j.id not in cancelled]
-        order = self.order or QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host)
-        ordered, classes, plan.queue_order = order.arrange(queue)
+        arranged = self.order.arrange(queue) if self.order is not None else None
+        if arranged is None:  # no kept order, or one that cannot place a new user's job
+            arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue)
+            assert arranged is not None
+        ordered, classes, plan.queue_order = arranged
         plan.order = list(map(_id, ordered))
         windows = policy.offpeak_windows
         off = policy.utc_offset_s

@@ -25,7 +25,7 @@ _id = attrgetter("id")
 def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
                   largest_host: int) -> list[Job]:
     """Pending jobs, first to be considered first."""
-    return QueueOrder.compute(now, jobs, policy, usage, largest_host).arrange(jobs)[0]
+    return QueueOrder.compute(now, jobs, policy, usage, largest_host).arrange(jobs)[0]  # type: ignore[index]
 
 
 #: What the planner decides a waiting job by, its id and submit time aside: two jobs of one
@@ -114,21 +114,25 @@ class QueueOrder:
             out += w_fs * ((fu * fs_group.get(group, 1.0)) ** 0.5 if group else fu)  # type: ignore[call-overload]
         return out
 
-    def key(self, j: Job) -> tuple[Key, int]:
-        """A job's key and class number in this order (a new class gets a new number)."""
+    def key(self, j: Job) -> tuple[Key, int] | None:
+        """A job's key and class number in this order (a new class gets a new number), or None
+        when its user or group had no fair-share factor in the calculation (their factor
+        depends on everyone's: only a new calculation can place it)."""
         now, lo, age_k = self.calc[:3]
         c = job_class(j)
         cid = self.classes.get(c)
         if cid is None:
+            if self.calc.w_fs and (j.user not in self.fs[0] or (j.group and j.group not in self.fs[1])):
+                return None
             cid = self.classes[c] = len(self.const)
             self.const.append(self._const(c))
         s = j.submitted_at
         return (age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
-    def arrange(self, jobs: Sequence[Job]) -> tuple[list[Job], list[int], QueueOrder]:
+    def arrange(self, jobs: Sequence[Job]) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
-        for the next cycle."""
+        for the next cycle. None if one of them has a user or group it cannot place."""
         by_id = dict(zip(map(_id, jobs), jobs))
         keys, cids = self.keys, self.cids
         if len(by_id) != len(keys) or not all(map(by_id.__contains__, map(_key_id, keys))):
@@ -140,7 +144,10 @@ class QueueOrder:
             classes, const = dict(self.classes), list(self.const)
             order = QueueOrder(keys, cids, classes, const, self.calc, self.fs)
             for j in sorted((j for i, j in by_id.items() if i not in known), key=_id):
-                k, cid = order.key(j)
+                placed = order.key(j)
+                if placed is None:
+                    return None
+                k, cid = placed
                 at = bisect_left(keys, k)
                 keys.insert(at, k)
                 cids.insert(at, cid)
