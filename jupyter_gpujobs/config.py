@@ -153,6 +153,11 @@ class GPUJobs(Configurable):
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")
+    estimate_interval = Float(10.0, config=True,
+                              help="Seconds between the cycles that also estimate the start of every job past "
+                                   "the reservation depth (every cycle decides starts, preemptions and the "
+                                   "reservations; on a deep queue the estimates are most of a cycle's cost). "
+                                   "0 = estimate in every cycle.")
     # --- monitoring (jupyter_gpujobs/monitor/, docs/monitoring.md)
     monitor = Bool(True, config=True, help="Sample the GPUs and run the detectors (findings, stats, heatmap).")
     sample_interval = Float(5.0, config=True, help="Seconds between GPU readings.")

@@ -14,6 +14,7 @@ because it is their only writer: a cycle over 10,000 queued jobs must not reload
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -87,6 +88,7 @@ class JobService:
         time_limit_warning_s: int = 300,
         poll_interval: float = 0.05,
         tick_interval: float = 5.0,
+        estimate_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
     ):
         self.store = store
@@ -102,6 +104,7 @@ class JobService:
         self.time_limit_warning_s = time_limit_warning_s
         self.poll_interval = poll_interval
         self.tick_interval = tick_interval
+        self.estimate_interval = estimate_interval
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
@@ -109,7 +112,13 @@ class JobService:
         self._handles: dict[int, dict[str, Any]] = {}
         self._plan = Plan()
         self._plan_at = 0.0
-        self._positions: dict[int, int] = {}  # pending job id -> queue position in the last plan
+        self._waiting: list[int] = []  # pending job ids in queue order, after the last plan's starts
+        self._positions: dict[int, int] | None = {}  # id -> 1-based position in _waiting (built on demand)
+        # the last estimating cycle: every pending job's expected start, and the priority order
+        # it calculated (the cycles in between keep that order and decide only)
+        self._estimates: dict[int, float | None] = {}
+        self._estimated_at = -float("inf")
+        self._estimated_newest = 0  # the newest pending job id then
         self._inventory: list[GPU] = []
         self._inventory_at = 0.0
         self._terminating: set[int] = set()
@@ -313,9 +322,11 @@ class JobService:
         position = None
         expected = None
         if job.state is JobState.PENDING:
+            if self._positions is None:
+                self._positions = {jid: i + 1 for i, jid in enumerate(self._waiting)}
             position = self._positions.get(job.id)
             reason = self._plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
-            expected = self._plan.expected_start.get(job.id)
+            expected = self._plan.expected_start.get(job.id, self._estimates.get(job.id))
         out = {
             "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
             "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
@@ -626,14 +637,28 @@ class JobService:
         self._account_usage(running, now)
         dep_ids = {d.job_id for j in pending for d in j.depends}
         finished = self.store.final_states(i for i in dep_ids if i not in self._active)
+        # Every cycle decides. Every estimate_interval (and within a second of new jobs that
+        # have none) a cycle also recalculates the priorities and estimates every job's start:
+        # on a deep queue that is most of a cycle's cost, and seconds of lag are harmless.
+        newest = max((j.id for j in pending), default=0)
+        since = now - self._estimated_at
+        estimate = since >= self.estimate_interval or (newest > self._estimated_newest and since >= 1.0)
+        order = None if estimate else self._plan.queue_order
         t_plan = time.perf_counter()
-        plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished)
+        gc.disable()  # a cycle makes only acyclic garbage; a collection now would scan the heap
+        try:
+            plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished,
+                            estimate=estimate, order=order)
+        finally:
+            gc.enable()
         self.schedule_seconds = time.perf_counter() - t_plan
+        if estimate:
+            self._estimates, self._estimated_at, self._estimated_newest = plan.expected_start, now, newest
         self._plan = plan
         self._plan_at = now
         started = {st.job_id for st in plan.starts}
-        waiting = [jid for jid in plan.order if jid not in started]
-        self._positions = {jid: i + 1 for i, jid in enumerate(waiting)}
+        self._waiting = [jid for jid in plan.order if jid not in started] if started else plan.order
+        self._positions = None
         for job_id, reason in plan.cancels:
             self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
         for p in plan.preemptions:

@@ -71,6 +71,7 @@ class GPUJobsApp(ExtensionApp):
             time_limit_warning_s=cfg.seconds("time_limit_warning"),
             poll_interval=cfg.poll_interval,
             tick_interval=cfg.tick_interval,
+            estimate_interval=cfg.estimate_interval,
         )
         from ..monitor import Monitor, MonitorSettings
 
