@@ -130,6 +130,9 @@ class _Cycle:
                          tuple[list[tuple[Limit, bool]], int | None]] = {}
         self.shape_floor: dict[tuple[int, str | None], float] = {}  # (k, type) -> cl.earliest
         self.reason_cache: dict[tuple[int, str | None, int | None, int | None], str] = {}
+        # (kind, GPUs, type, jobs named in reasons) -> (reason, not blocked by a limit) of deep
+        # jobs that can only wait whatever their time limit (cleared when the GPUs change)
+        self.waits: dict[tuple[object, ...], tuple[str, bool]] = {}
         self.lims_cache: dict[tuple[str, str | None, int | None, int | None, bool], list[tuple[Limit, bool]]] = {}
         self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
         self.default_limit = float(policy.default_time_limit_s)
@@ -545,7 +548,8 @@ class _Cycle:
         k = j.gpus
         gt = j.gpu_type
         view = cl.views.get(gt)
-        kind = self.kinds.get((j.user, j.group, j.array_job_id, j.array_max_running, j.priority)) or self._kind(j)
+        kk = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
+        kind = self.kinds.get(kk) or self._kind(j)
         if k <= 0 or view is None or k > view.max_size:
             return None
         limit = float(j.time_limit_s or self.default_limit)
@@ -558,12 +562,20 @@ class _Cycle:
             floor, why = self._floor(j)
             if floor > now:  # it only waits, for the reason `_place` gives first
                 return (why or "waiting", k, gt, view, limit, lims, False)
+        wk = (kk, k, gt, self.fifo_blocked, self.top_reserved)
+        wait = self.waits.get(wk)
+        if wait is not None:
+            if wait[1] and view.free_pids and limit < self.failed_shapes.get((k, gt), INF) and (
+                    policy.backfill or self.fifo_blocked is None):
+                return None  # it may start now
+            return (wait[0], k, gt, view, limit, lims, wait[1])
         blocked: Limit | None = None
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
                 blocked = lim
                 break
         if blocked is not None:
+            self.waits[wk] = (blocked.reason, False)
             return (blocked.reason, k, gt, view, limit, lims, False)
         if view.free_pids and limit < self.failed_shapes.get((k, gt), INF) and (
                 policy.backfill or self.fifo_blocked is None):
@@ -573,7 +585,9 @@ class _Cycle:
                 if j.priority == "urgent" or self._within_guarantee(j, k):
                     return None  # it may preempt
                 self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
-        return (self._waiting_reason(view, k, gt), k, gt, view, limit, lims, True)
+        why = self._waiting_reason(view, k, gt)
+        self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
+        return (why, k, gt, view, limit, lims, True)
 
     def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
                    lims: list[tuple[Limit, bool]], unblocked: bool,
@@ -680,6 +694,7 @@ class _Cycle:
         self.gen += 1
         self.shape_floor.clear()
         self.reason_cache.clear()
+        self.waits.clear()
 
     def _waiting_reason(self, view: View, k: int, gpu_type: str | None) -> str:
         key = (k, gpu_type, self.fifo_blocked, self.top_reserved)
