@@ -8,6 +8,7 @@ naming the setting, rather than being half-applied.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, Union, validate
@@ -94,6 +95,15 @@ def quota_to_dict(q: Quota | None) -> dict[str, Any] | None:
     }
 
 
+def retention_seconds(value: Any, name: str = "c.GPUJobs.job_retention") -> int:
+    """A retention duration in seconds; `0` / `"0"` means keep forever (returned as 0)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0
+    if isinstance(value, str) and re.fullmatch(r"0+(\.0+)?\s*[dhms]?", value.strip().lower()):
+        return 0
+    return parse_duration(value, name)
+
+
 class GPUJobs(Configurable):
     """Settings of the jupyter-gpujobs engine (`c.GPUJobs.<name>` in jupyter_server_config.py)."""
 
@@ -158,6 +168,11 @@ class GPUJobs(Configurable):
                                    "the reservation depth (every cycle decides starts, preemptions and the "
                                    "reservations; on a deep queue the estimates are most of a cycle's cost). "
                                    "0 = estimate in every cycle.")
+    job_retention = Union([Integer(), Unicode()], default_value="7d", config=True,
+                          help="How long the files of an ended job (its run directories and log) are kept, "
+                               "e.g. '7d'; then they are removed, the job's record stays. 0: keep forever.")
+    job_cleanup_interval = Float(300.0, config=True,
+                                 help="Seconds between the passes that remove files past job_retention.")
     # --- monitoring (jupyter_gpujobs/monitor/, docs/monitoring.md)
     monitor = Bool(True, config=True, help="Sample the GPUs and run the detectors (findings, stats, heatmap).")
     sample_interval = Float(5.0, config=True, help="Seconds between GPU readings.")
@@ -204,6 +219,20 @@ class GPUJobs(Configurable):
             parse_duration(proposal["value"], f"c.GPUJobs.{name}")
         except InvalidInput as err:
             raise TraitError(str(err)) from None
+        return proposal["value"]
+
+    @validate("job_retention")
+    def _check_job_retention(self, proposal: Any) -> Any:
+        try:
+            retention_seconds(proposal["value"])
+        except InvalidInput as err:
+            raise TraitError(f"{err}; or 0 to keep the files of ended jobs forever") from None
+        return proposal["value"]
+
+    @validate("job_cleanup_interval")
+    def _check_cleanup_interval(self, proposal: Any) -> Any:
+        if not proposal["value"] > 0:
+            raise TraitError(f"c.GPUJobs.job_cleanup_interval: must be positive, got {proposal['value']!r}")
         return proposal["value"]
 
     @validate("offpeak_windows")

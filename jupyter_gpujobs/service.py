@@ -49,6 +49,10 @@ class PermissionDenied(PermissionError):
     pass
 
 
+class LogRemoved(NotFound):
+    """The log of a job was removed after the retention (`c.GPUJobs.job_retention`)."""
+
+
 #: Runner outcome -> final job state.
 _OUTCOME_STATE = {
     "completed": JobState.COMPLETED,
@@ -89,6 +93,8 @@ class JobService:
         poll_interval: float = 0.05,
         tick_interval: float = 5.0,
         estimate_interval: float = 10.0,
+        job_retention_s: int = 0,
+        cleanup_interval: float = 300.0,
         clock: Callable[[], float] = time.time,
     ):
         self.store = store
@@ -105,6 +111,8 @@ class JobService:
         self.poll_interval = poll_interval
         self.tick_interval = tick_interval
         self.estimate_interval = estimate_interval
+        self.job_retention_s = job_retention_s  # 0: the files of ended jobs are kept forever
+        self.cleanup_interval = cleanup_interval
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
@@ -152,6 +160,8 @@ class JobService:
             asyncio.ensure_future(self._schedule_loop()),
             asyncio.ensure_future(self._poll_loop()),
         ]
+        if self.job_retention_s > 0:
+            self._tasks.append(asyncio.ensure_future(self._retention_loop()))
         self.wake()
 
     async def stop(self) -> None:
@@ -278,6 +288,67 @@ class JobService:
                 self.poll()
             except Exception:
                 log.exception("gpujobs: polling job supervisors failed")
+
+    # ================================================================= retention of job files
+
+    #: The first removal pass runs this long after start (or after cleanup_interval if shorter).
+    RETENTION_FIRST_PASS_S = 30.0
+
+    async def _retention_loop(self) -> None:
+        """Remove the files of jobs ended longer than job_retention ago, every cleanup_interval
+        (off the scheduling cycle; the file system work runs in a thread)."""
+        await asyncio.sleep(min(self.cleanup_interval, self.RETENTION_FIRST_PASS_S))
+        while True:
+            try:
+                await self.remove_expired_files()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gpujobs: removing the files of old jobs failed")
+            await asyncio.sleep(self.cleanup_interval)
+
+    async def remove_expired_files(self) -> Any:
+        """One removal pass: the run directories and logs of jobs that reached a final state
+        more than job_retention ago. Files of active jobs (pending, running, or with a
+        supervisor handle), of jobs the store does not know, and of runs whose processes may
+        still be alive stay; so do the jobs' rows and events. Returns a `retention.Removed`."""
+        from . import retention
+
+        if self.job_retention_s <= 0:
+            return retention.Removed()
+        run_root = getattr(self.runner, "state_dir", None)  # the runner's run directories
+        run_root = Path(run_root) if run_root is not None else None
+        logs_root = self.state_dir / "logs"
+        found = await asyncio.to_thread(retention.scan, run_root, logs_root)
+        # decided on the loop (the store and the active jobs live here); a job that is final
+        # for longer than the retention never becomes active again
+        cutoff = self.clock() - self.job_retention_s
+        ids = [i for i in found if i not in self._active and i not in self._handles]
+        expired: dict[int, retention.JobFiles] = {}
+        for k in range(0, len(ids), 500):
+            for job_id, job in self.store.get_many(ids[k:k + 500]).items():
+                if (job.state.is_final and job.ended_at is not None and job.ended_at <= cutoff
+                        and job_id not in self._active and job_id not in self._handles):
+                    expired[job_id] = found[job_id]
+        if not expired:
+            return retention.Removed()
+        removed = await asyncio.to_thread(retention.remove, expired, run_root, logs_root)
+        if removed.jobs:
+            log.info("gpujobs: removed the files of %d job(s) ended more than %s ago "
+                     "(c.GPUJobs.job_retention): %d run dir(s), %d log(s), %s freed",
+                     len(removed.jobs), format_duration(self.job_retention_s), removed.run_dirs,
+                     removed.log_files, _format_bytes(removed.bytes_freed))
+        if removed.kept_alive:
+            log.warning("gpujobs: kept %d run dir(s) of ended jobs whose processes may still be alive: %s",
+                        len(removed.kept_alive), ", ".join(str(p) for p in removed.kept_alive[:5]))
+        return removed
+
+    def _log_removed(self, job: Job, path: str | None) -> bool:
+        """Was this job's log removed after the retention (recorded, final long enough, gone)?"""
+        return bool(
+            path and self.job_retention_s > 0 and job.state.is_final and job.ended_at is not None
+            and job.ended_at + self.job_retention_s <= self.clock() and not Path(path).exists()
+        )
 
     # ================================================================= inventory
 
@@ -513,6 +584,9 @@ class JobService:
         """(text, next offset, job ended) from a job's log file."""
         job = self.get(job_id)
         path = self.store.log_path(job_id)
+        if self._log_removed(job, path):
+            raise LogRemoved(f"the log of job {job_id} was removed after the {format_duration(self.job_retention_s)} "
+                             "retention (c.GPUJobs.job_retention); the job's record and events are kept")
         if not path or not Path(path).exists():
             return "", offset, job.state.is_final
         with open(path, "rb") as f:
@@ -757,4 +831,13 @@ class JobService:
                                 "reason": reason})
 
 
-__all__ = ["JobService", "NotFound", "PermissionDenied", "EXTERNAL_KINDS"]
+def _format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+__all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "EXTERNAL_KINDS"]

@@ -14,7 +14,7 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Any, Instance
 
-from ..config import GPUJobs
+from ..config import GPUJobs, retention_seconds
 from ..gpus import make_backend
 from ..runners import LocalRunner
 from ..service import JobService
@@ -72,6 +72,8 @@ class GPUJobsApp(ExtensionApp):
             poll_interval=cfg.poll_interval,
             tick_interval=cfg.tick_interval,
             estimate_interval=cfg.estimate_interval,
+            job_retention_s=retention_seconds(cfg.job_retention),
+            cleanup_interval=cfg.job_cleanup_interval,
         )
         from ..monitor import Monitor, MonitorSettings
 
