@@ -132,8 +132,36 @@ def open_lab(pg: Any, url: str, theme: str | None = None) -> None:
         set_theme(pg, theme)
 
 
+def run_command(pg: Any, command: str, args: dict[str, Any] | None = None) -> None:
+    """Start a JupyterLab command; the caller waits for its effect in the page.
+
+    The command's promise is not awaited: its result (often a widget) is too deep for
+    Playwright to serialize ("object reference chain is too long"), and some commands, such
+    as running every cell of a notebook, settle only long after what a test looks for. A
+    command that fails logs its error to the browser console.
+    """
+    pg.evaluate(
+        "([c, a]) => { window.jupyterapp.commands.execute(c, a)"
+        ".catch(e => console.error('command ' + c + ' failed', e)); }",
+        [command, args or {}],
+    )
+
+
+def wait_for_kernel(pg: Any, timeout: float = 60000) -> None:
+    """Wait until the current notebook's kernel is connected and idle. Running cells before
+    that opens JupyterLab's "Select Kernel" dialog instead of running them."""
+    pg.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+            return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
+        }""",
+        timeout=timeout,
+    )
+
+
 def set_theme(pg: Any, theme: str) -> None:
-    pg.evaluate("t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+    run_command(pg, "apputils:change-theme", {"theme": theme})
     pg.wait_for_function(
         "t => document.body.dataset.jpThemeName === t", arg=theme, timeout=20000
     )
@@ -141,7 +169,7 @@ def set_theme(pg: Any, theme: str) -> None:
 
 
 def open_panel(pg: Any) -> Any:
-    pg.evaluate("window.jupyterapp.commands.execute('gpujobs:open-panel')")
+    run_command(pg, "gpujobs:open-panel")
     panel = pg.locator("#gpujobs-panel")
     panel.wait_for(state="visible", timeout=10000)
     return panel

@@ -20,6 +20,7 @@ from labtools import (
     isolated_env,
     open_lab,
     open_panel,
+    run_command,
     screenshot,
     set_theme,
     start_lab,
@@ -205,7 +206,7 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
     nb_dir = lab.root / "experiments"
     nb_dir.mkdir(exist_ok=True)
     shutil.copyfile(REPO / "binder" / "square.ipynb", nb_dir / "square.ipynb")
-    page.evaluate("window.jupyterapp.commands.execute('filebrowser:go-to-path', {path: 'experiments'})")
+    run_command(page, "filebrowser:go-to-path", {"path": "experiments"})
     item = page.locator(".jp-DirListing-item", has_text="square.ipynb")
     item.wait_for(timeout=15000)
 

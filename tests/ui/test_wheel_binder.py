@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labtools import REPO, isolated_env, open_lab, open_panel, screenshot, start_lab, stop_lab
+from labtools import (
+    REPO,
+    isolated_env,
+    open_lab,
+    open_panel,
+    run_command,
+    screenshot,
+    start_lab,
+    stop_lab,
+    wait_for_kernel,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -136,12 +146,11 @@ def test_binder_replay_runs_the_tour(installed: Installed, browser: Any) -> None
         panel.locator(".jp-GPUJobs-gpu").first.wait_for(timeout=15000)
         names = panel.locator(".jp-GPUJobs-gpuModel").all_inner_texts()
         assert sorted(names) == ["A100-80GB", "A100-80GB", "T4", "T4"], names
-        page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'binder/tour.ipynb'})")
+        run_command(page, "docmanager:open", {"path": "binder/tour.ipynb"})
         nb = page.locator(".jp-NotebookPanel:visible")
         nb.locator(".jp-Cell").first.wait_for(timeout=30000)
-        page.wait_for_selector(".jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator[data-status='idle']",
-                               timeout=60000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        wait_for_kernel(page)
+        run_command(page, "notebook:run-all-cells")
         page.wait_for_function(
             """() => {
                 const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')];
@@ -154,6 +163,9 @@ def test_binder_replay_runs_the_tour(installed: Installed, browser: Any) -> None
         errors = nb.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']")
         assert errors.count() == 0, errors.all_inner_texts()
         screenshot(page, "binder-tour")
+    except Exception:
+        screenshot(page, "FAILED-binder-tour")
+        raise
     finally:
         context.close()
         stop_lab(lab)
