@@ -262,7 +262,8 @@ class AsyncGPUJobsClient(_Calls):
             await asyncio.sleep(interval)
 
     async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
-        """Yield engine events (`{"type": "job", ...}`, `{"type": "gpus", ...}`) as they happen."""
+        """Yield engine events (`{"type": "job", ...}`, `{"type": "gpus", ...}`, `{"type": "finding",
+        ...}`) as they happen."""
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 

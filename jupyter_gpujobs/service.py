@@ -623,7 +623,11 @@ class JobService:
     def _publish(self, job: Job, event: dict[str, Any]) -> None:
         if not self._listeners:
             return
-        message = {"type": "job", "job": self.view(job), "event": event}
+        self.broadcast({"type": "job", "job": self.view(job), "event": event})
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        """Hand a message (`{"type": ...}`) to every listener: the events websockets, which
+        decide who may see it, and the monitor. The monitor's findings go out this way."""
         for listener in list(self._listeners):
             try:
                 listener(message)

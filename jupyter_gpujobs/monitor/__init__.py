@@ -6,7 +6,9 @@ with errors, rogue processes), usage reports and the heatmap (usage.py), Prometh
 (metrics.py), runtime prediction (predict.py) and their REST endpoints (handlers.py,
 `MONITOR_HANDLERS`). The Monitor wires them to the engine: it listens to job state changes
 (`service.subscribe`), samples every `sample_interval`, stores each finding once (open
-until its condition goes away), logs it, adds a FINDING event to the job concerned, drains a
+until its condition goes away), logs it, adds a FINDING event to the job concerned, pushes
+each opened or closed finding to the engine's listeners (`{"type": "finding", "finding":
+{...}}`: the events websocket shows it to the finding's user and admins), drains a
 GPU when the admin policy says so (the inventory's `GPU.draining`, read by the scheduler),
 stops rogue processes under `rogue_policy = "kill"`, and sets `Job.predicted_runtime_s` on
 active jobs when a prediction is confident.
@@ -418,6 +420,7 @@ class Monitor:
             gpu_index=finding.gpu_index, pid=finding.pid, action=action, data=finding.data)
         open_keys[finding.key] = mono
         if new or always_event:
+            self._publish(stored)
             level = logging.ERROR if finding.severity == "error" else logging.WARNING
             self.log.log(level, "gpujobs finding: %s", finding.message)
             if finding.job_id is not None:
@@ -428,10 +431,15 @@ class Monitor:
                     self.log.exception("gpujobs: recording a finding event of job %s failed", finding.job_id)
         return stored
 
+    def _publish(self, finding: dict[str, Any] | None) -> None:
+        """Tell the listeners (the events websockets) that a finding opened or closed."""
+        if finding is not None:
+            self.service.broadcast({"type": "finding", "finding": finding})
+
     def _resolve(self, kind: str, key: str, now: float) -> None:
         if self._open.get(kind, {}).pop(key, None) is None:
             return
-        mstore.resolve_finding(self.store, now, key=key)
+        self._publish(mstore.resolve_finding(self.store, now, key=key))
 
     def _resolve_missing(self, kind: str, keep: set[str], now: float) -> None:
         for key in [k for k in self._open.get(kind, {}) if k not in keep]:
@@ -446,7 +454,7 @@ class Monitor:
         if admin:
             return mstore.list_findings(self.store, limit=limit, **filters)
         rows = mstore.list_findings(self.store, limit=limit * 5, **filters)
-        mine = [f for f in rows if f["user"] == viewer or (f["data"] or {}).get("holder_user") == viewer]
+        mine = [f for f in rows if may_see(f, viewer, admin)]
         return mine[:limit]
 
     def resolve(self, finding_id: int, actor: str) -> dict[str, Any] | None:
@@ -458,7 +466,9 @@ class Monitor:
             self.drain(finding["host"], int(finding["gpu"]), False, actor, "finding resolved")
             return mstore.get_finding(self.store, finding_id)
         self._open.get(finding["kind"], {}).pop(finding["key"], None)
-        return mstore.resolve_finding(self.store, time.time(), finding_id=finding_id, action=f"resolved by {actor}")
+        closed = mstore.resolve_finding(self.store, time.time(), finding_id=finding_id, action=f"resolved by {actor}")
+        self._publish(closed)
+        return closed
 
     # ================================================================= draining
 
@@ -475,7 +485,7 @@ class Monitor:
         else:
             self.drained.discard((host, index))
             self._open.get("gpu_drained", {}).pop(key, None)
-            mstore.resolve_finding(self.store, now, key=key, action=f"undrained by {actor}")
+            self._publish(mstore.resolve_finding(self.store, now, key=key, action=f"undrained by {actor}"))
         self.service.refresh_inventory(force=True)
         self.service.wake()
 
@@ -502,6 +512,12 @@ class Monitor:
         return mstore.samples(self.store, since, until, resolution=resolution, gpu_index=gpu)
 
 
+def may_see(finding: dict[str, Any], viewer: str, admin: bool) -> bool:
+    """Whether a user sees a finding (`GET findings`, the events websocket): admins all of
+    them, others those about them or their jobs, and rogue processes on a GPU their job holds."""
+    return admin or finding.get("user") == viewer or (finding.get("data") or {}).get("holder_user") == viewer
+
+
 def _runtime(job: Job) -> float | None:
     if job.run_seconds and job.run_seconds > 0:
         return float(job.run_seconds)
@@ -510,4 +526,4 @@ def _runtime(job: Job) -> float | None:
     return None
 
 
-__all__ = ["DrainingBackend", "Monitor", "MonitorSettings"]
+__all__ = ["DrainingBackend", "Monitor", "MonitorSettings", "may_see"]

@@ -18,11 +18,21 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web, websocket
 
 from ..model import InvalidInput, JobState
+from ..monitor import may_see
 from ..service import JobService, NotFound, PermissionDenied
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
 SPEC_PATH = Path(__file__).with_name("openapi.json")
+
+
+def job_owner(handler: JupyterHandler) -> str:
+    """The user a request acts as, and whose jobs it owns (see c.GPUJobs.user_identity)."""
+    mode = handler.settings.get("gpujobs_identity", "unix")
+    if mode == "unix":
+        return handler.settings.get("gpujobs_unix_user") or getpass.getuser()
+    user = handler.current_user
+    return getattr(user, "username", None) or str(user)
 
 
 class GPUJobsHandler(APIHandler):
@@ -37,11 +47,7 @@ class GPUJobsHandler(APIHandler):
     @property
     def owner(self) -> str:
         """The user a job belongs to (see c.GPUJobs.user_identity)."""
-        mode = self.settings.get("gpujobs_identity", "unix")
-        if mode == "unix":
-            return self.settings.get("gpujobs_unix_user") or getpass.getuser()
-        user = self.current_user
-        return getattr(user, "username", None) or str(user)
+        return job_owner(self)
 
     def json_body(self) -> Any:
         limit = self.settings.get("gpujobs_max_body", 1 << 20)
@@ -260,7 +266,9 @@ class OpenAPIHandler(GPUJobsHandler):
 
 
 class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
-    """Websocket of job state changes (`{"type": "job", ...}`) and GPU updates (`{"type": "gpus"}`)."""
+    """Websocket of job state changes (`{"type": "job", ...}`), GPU updates (`{"type": "gpus"}`)
+    and the monitor's findings as they open and close (`{"type": "finding", "finding": {...}}`),
+    the last only to whom `GET findings` shows them: the finding's user and admins."""
 
     auth_resource = AUTH_RESOURCE
 
@@ -282,6 +290,8 @@ class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
             await res
 
     def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._viewer = job_owner(self)
+        self._admin = self.service.is_admin(self._viewer)
         self._unsubscribe = self.service.subscribe(self._send)
         from tornado.ioloop import PeriodicCallback
 
@@ -290,6 +300,8 @@ class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
         self._send_gpus()
 
     def _send(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
+            return
         try:
             self.write_message(json.dumps(message))
         except websocket.WebSocketClosedError:

@@ -103,9 +103,30 @@ export interface IWhoAmI {
   admin: boolean;
 }
 
+/** A monitor finding (an item of `GET findings`): an idle GPU, an OOM, repeated failures... */
+export interface IFinding {
+  id: number;
+  kind: string;
+  key: string;
+  severity: 'info' | 'warning' | 'error';
+  time: number;
+  last_seen: number;
+  resolved_at: number | null;
+  open: boolean;
+  job_id: number | null;
+  user: string | null;
+  host: string | null;
+  gpu: number | null;
+  pid: number | null;
+  action: string;
+  message: string;
+  data: { [key: string]: any };
+}
+
 export type SocketMessage =
   | { type: 'job'; job: IJob; event: IJobEvent }
-  | { type: 'gpus'; gpus: IGPU[] };
+  | { type: 'gpus'; gpus: IGPU[] }
+  | { type: 'finding'; finding: IFinding };
 
 /** An error answer of the API (or no answer at all), with what a person can do about it. */
 export class APIError extends Error {

@@ -25,7 +25,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { DisposableDelegate } from '@lumino/disposable';
-import { FINAL_STATES, IJob } from './api';
+import { FINAL_STATES, IFinding, IJob } from './api';
 import { formatDuration, jobLabel } from './format';
 import { gpuIcon } from './icons';
 import { LogView, createLogWidget } from './log';
@@ -291,6 +291,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         notifyChange(change, openLog, openOutput);
       }
     });
+    model.findingOpened.connect((_, finding) => {
+      if (notify) {
+        notifyFinding(finding, model.job(finding.job_id ?? NaN), openLog);
+      }
+    });
 
     // -------------------------------------------------------------- settings
     if (settingRegistry) {
@@ -369,6 +374,41 @@ function notifyChange(
       }
       return;
   }
+}
+
+/** JupyterLab cuts longer notification messages. */
+const NOTIFICATION_MAX_LENGTH = 140;
+
+/** A finding of the monitor about my job, in its own words, at the level of its severity. */
+function notifyFinding(
+  finding: IFinding,
+  job: IJob | undefined,
+  openLog: (job: Pick<IJob, 'id' | 'name'>) => void
+): void {
+  const actions: Notification.IAction[] = [];
+  if (finding.job_id !== null && job?.kind !== 'kernel') {
+    const id = finding.job_id;
+    actions.push({ label: 'Show log', callback: () => openLog({ id, name: job?.name ?? null }) });
+  }
+  if (finding.message.length > NOTIFICATION_MAX_LENGTH) {
+    actions.push({
+      label: 'Details',
+      callback: () =>
+        void showDialog({
+          title: finding.job_id !== null ? `Job #${finding.job_id}` : 'GPU monitor',
+          body: finding.message,
+          buttons: [Dialog.okButton()]
+        })
+    });
+  }
+  const options = { autoClose: finding.severity === 'info' ? 6000 : 15000, actions };
+  const notify =
+    finding.severity === 'error'
+      ? Notification.error
+      : finding.severity === 'info'
+        ? Notification.info
+        : Notification.warning;
+  notify(finding.message, options);
 }
 
 export default plugin;

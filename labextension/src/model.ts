@@ -9,6 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import {
   APIError,
   FINAL_STATES,
+  IFinding,
   IGPU,
   IJob,
   IJobEvent,
@@ -47,6 +48,11 @@ export class GPUJobsModel {
 
   get changed(): ISignal<this, void> {
     return this._changed;
+  }
+
+  /** The monitor opened a finding about a job of mine (once per finding, from the websocket). */
+  get findingOpened(): ISignal<this, IFinding> {
+    return this._findingOpened;
   }
 
   /** A job of mine changed state (or got a time-limit warning). */
@@ -217,6 +223,10 @@ export class GPUJobsModel {
       this._changed.emit();
       return;
     }
+    if (message.type === 'finding') {
+      this._noticeFinding(message.finding);
+      return;
+    }
     if (message.type === 'job') {
       const job = message.job;
       if (job.user === this.user) {
@@ -226,6 +236,22 @@ export class GPUJobsModel {
       this._changed.emit();
       this.refreshSoon();
     }
+  }
+
+  /**
+   * Admins hear of every finding; news to me are those about my jobs (and a process on a GPU
+   * my job holds).
+   */
+  private _noticeFinding(finding: IFinding): void {
+    const mine =
+      this.user !== null &&
+      ((finding.job_id !== null && finding.user === this.user) ||
+        finding.data?.holder_user === this.user);
+    if (!finding.open || !mine || this._findingsSeen.has(finding.id)) {
+      return;
+    }
+    this._findingsSeen.add(finding.id);
+    this._findingOpened.emit(finding);
   }
 
   private _connect(): void {
@@ -282,6 +308,8 @@ export class GPUJobsModel {
 
   private _changed = new Signal<this, void>(this);
   private _jobChanged = new Signal<this, IJobChange>(this);
+  private _findingOpened = new Signal<this, IFinding>(this);
+  private _findingsSeen = new Set<number>();
   private _known = new Map<number, string>();
   private _emitted = new Set<string>();
   private _primed = false;

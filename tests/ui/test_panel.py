@@ -266,6 +266,28 @@ def test_notification_when_my_job_fails(page: Any, client: Any) -> None:
     assert reason in toast.inner_text()
 
 
+def test_notification_of_a_finding_about_my_job(page: Any, client: Any) -> None:
+    """The monitor's finding arrives over the websocket and shows in its own words, as an error."""
+    open_panel(page)
+    code = "import sys\nprint('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB')\nsys.exit(1)"
+    job = client.submit([sys.executable, "-c", code], gpus=1, time_limit="1m", name="big")
+    text = f"job {job['id']} ('big' of {job['user']}) ran out of GPU memory"
+    toasts = page.locator(".Toastify__toast", has_text=text)
+    toasts.first.wait_for(timeout=20000)
+    page.wait_for_timeout(1000)
+    assert toasts.count() == 1, toasts.all_inner_texts()
+    toast = toasts.first
+    assert "Toastify__toast--error" in (toast.get_attribute("class") or "")
+    finding = client.api("GET", "findings", params={"kind": "oom", "job": job["id"]})["findings"][0]
+    # JupyterLab cuts a notification at 140 characters; "Details" shows all of it
+    assert finding["message"][:130] in toast.inner_text()
+    toast.get_by_text("Details").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=5000)
+    assert finding["message"] in dialog.inner_text()
+    dialog.get_by_role("button", name="OK").click()
+
+
 def test_notifications_setting_turns_them_off(page: Any, lab: Lab, client: Any) -> None:
     settings_file = Path(lab.env["JUPYTERLAB_SETTINGS_DIR"]) / "jupyter-gpujobs" / "plugin.jupyterlab-settings"
     settings_file.parent.mkdir(parents=True, exist_ok=True)
