@@ -45,6 +45,8 @@ from .client import FINAL_STATES, AsyncGPUJobsClient, GPUJobsError
 from .model import InvalidInput, format_duration, parse_duration, parse_gpu_count, parse_priority
 
 PROVISIONER_NAME = "gpujobs-provisioner"
+#: The IPython extension that prints the time-limit notice in the kernel's cells.
+NOTICE_EXTENSION = "jupyter_gpujobs.kernel_notice"
 
 #: Provisioners alive in this process (for the shutdown release and the reconciliation).
 _LIVE: weakref.WeakSet[GPUKernelProvisioner] = weakref.WeakSet()
@@ -151,6 +153,10 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     mark_fake_gpu_use = Bool(True, config=True,
                              help="On fake GPUs, set GPUJOBS_FAKE=1 in the kernel so the fake backend counts "
                                   "the kernel's CPU load as its GPUs' utilization (as it does for jobs).")
+    notice_in_kernel = Bool(True, config=True,
+                            help="In an IPython kernel, end each cell that runs after the job's time-limit "
+                                 "warning with a line saying when the kernel will be shut down "
+                                 "(jupyter_gpujobs.kernel_notice, loaded with --IPKernelApp.extra_extensions).")
     url = Unicode("", config=True, help="Engine URL (default: GPUJOBS_URL, set by the server extension).")
     token = Unicode("", config=True, help="Engine token (default: GPUJOBS_TOKEN).")
 
@@ -323,6 +329,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         }
         if job.get("time_limit_s"):
             env["GPUJOBS_TIME_LIMIT"] = str(job["time_limit_s"])
+        for field, name in (("ends_at", "GPUJOBS_ENDS_AT"), ("warn_at", "GPUJOBS_WARN_AT")):
+            if job.get(field) is not None:  # epoch seconds, for the in-kernel notice
+                env[name] = repr(float(job[field]))
         client = await self._get_client()
         uuids, fake = _GPU_INFO.get(client.url, ({}, False))
         if not all(i in uuids for i in job["assigned_gpus"]):
@@ -341,6 +350,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        if self.job_id is not None and self.notice_in_kernel and _is_ipykernel(cmd):
+            cmd = [*cmd, f"--IPKernelApp.extra_extensions={NOTICE_EXTENSION}"]
         info = await super().launch_kernel(cmd, **kwargs)
         if self.job_id is not None:
             self._write_state(kernel_pid=self.pid)
@@ -689,3 +700,9 @@ async def release_kernel_jobs(reason: str = "Jupyter server stopped") -> list[in
 
 __all__ = ["GPUKernelProvisioner", "GPUKernelStartError", "PROVISIONER_NAME", "reconcile_kernel_jobs",
            "release_kernel_jobs", "start_reconciler", "state_dir", "human_duration"]
+
+
+def _is_ipykernel(cmd: list[str]) -> bool:
+    """An IPython kernel's command line (`python -m ipykernel_launcher -f ...`), which takes
+    IPKernelApp options; other kernels (R, Julia...) get no extra argument."""
+    return any(os.path.basename(part).startswith("ipykernel") for part in cmd)

@@ -6,6 +6,7 @@ the server. Plus the pieces of the provisioner that need no server."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,20 @@ class Kernels:
             self.pids.append(int(text))
         return text.strip("'")
 
+    def run_cell(self, kernel_id: str, code: str) -> str:
+        """Execute a cell; what it printed (stdout and stderr) as the notebook shows it."""
+        kc = self.by_kernel.get(kernel_id) or self.client(kernel_id)
+        self.by_kernel[kernel_id] = kc
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+
+        reply = kc.execute_interactive(code, timeout=30, output_hook=hook)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
     def close(self) -> None:
         for kc in self.clients:
             kc.stop_channels()
@@ -191,9 +206,10 @@ def test_kernel_gets_its_gpu_and_a_second_one_waits(live_server: Any, kernels: A
     assert client.job(queued[0]["id"])["state"] == "RUNNING"
 
 
-def test_time_limit_shuts_the_kernel_down(live_server: Any, kernels: Any) -> None:
-    server = live_server(fake_gpus="1xA100", config={"time_limit_warning": 2}, start=False, extra_args=LEAN)
-    install_spec(server, "gpu-short", "--time", "5s")
+def test_time_limit_warns_in_the_cell_then_shuts_the_kernel_down(live_server: Any, kernels: Any) -> None:
+    # a 12 s limit is warned 2 s before (a fifth of it, under the 60 s setting)
+    server = live_server(fake_gpus="1xA100", config={"time_limit_warning": 60}, start=False, extra_args=LEAN)
+    install_spec(server, "gpu-short", "--time", "12s")
     server.start()
     client = server.client()
     k = kernels(server)
@@ -201,6 +217,13 @@ def test_time_limit_shuts_the_kernel_down(live_server: Any, kernels: Any) -> Non
     kernel = k.start_ok("gpu-short")
     k.evaluate(kernel, "os.getpid()")
     job = kernel_jobs(client)[0]
+    assert job["warn_at"] == job["ends_at"] - 2 and job["ends_at"] == job["started_at"] + 12
+    early = k.run_cell(kernel, "x = 1")
+    assert "[gpujobs]" not in early, early  # nothing before the warning time
+    late = k.run_cell(kernel, "import os, time\n"
+                              "time.sleep(max(0.0, float(os.environ['GPUJOBS_WARN_AT']) - time.time() + 0.3))")
+    assert re.search(r"\[gpujobs\] this GPU kernel reaches its time limit of 12s in [12]s \(at [\d:]+\); "
+                     r"it will be shut down then and its GPU given back: save your work", late), late
     wait_until(lambda: kernel not in k.ids(), 20, "timed-out kernel shut down")
     final = client.job(job["id"])
     assert final["state"] == "TIMEOUT", final
@@ -356,3 +379,15 @@ def test_kernelspec_config_reaches_the_provisioner(tmp_path: Path, monkeypatch: 
     assert isinstance(p, GPUKernelProvisioner)
     assert p._settings() == {"gpus": 2, "gpu_type": "A100", "time_limit": 14400, "priority": "normal",
                              "idle_timeout": 1800, "max_wait": 3600}
+
+
+def test_notice_text_and_which_kernels_get_it() -> None:
+    from jupyter_gpujobs.kernel_notice import notice
+    from jupyter_gpujobs.provisioner import _is_ipykernel
+
+    assert notice(1000.0, 1000.0 + 299, 4 * 3600).startswith(
+        "[gpujobs] this GPU kernel reaches its time limit of 4h in 4m59s (at ")
+    assert notice(1000.0, 999.0, 3600) == ("[gpujobs] this GPU kernel reached its time limit of 1h: "
+                                           "it is being shut down.")
+    assert _is_ipykernel([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    assert not _is_ipykernel(["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"])

@@ -33,12 +33,12 @@ pytestmark = [pytest.mark.slow]
 
 
 NODE_TOOLS = ("node", "nodejs", "npm", "npx", "yarn", "corepack")
-_SHADOW = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpujobs-no-node-{os.getpid()}"
 
 
-def path_without_node() -> str:
+def path_without_node(shadow: Path) -> str:
     """PATH with no node: folders holding node are replaced by one folder of links to
-    everything else in them (so bash, cp, grep... are still there)."""
+    everything else in them (so bash, cp, grep... are still there), made at `shadow` (under
+    the test's own temporary folder, so nothing is left in /tmp)."""
     keep: list[str] = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         if not d:
@@ -46,14 +46,14 @@ def path_without_node() -> str:
         if not any(Path(d, exe).exists() for exe in NODE_TOOLS):
             keep.append(d)
             continue
-        _SHADOW.mkdir(exist_ok=True)
+        shadow.mkdir(exist_ok=True)
         for entry in Path(d).iterdir():
-            link = _SHADOW / entry.name
+            link = shadow / entry.name
             if entry.name in NODE_TOOLS or link.exists() or link.is_symlink():
                 continue
             link.symlink_to(entry)
-        if str(_SHADOW) not in keep:
-            keep.append(str(_SHADOW))
+        if str(shadow) not in keep:
+            keep.append(str(shadow))
     return os.pathsep.join(keep)
 
 
@@ -75,7 +75,7 @@ class Installed:
 
     def env(self, sub: str, **extra: str) -> dict[str, str]:
         env = isolated_env(self.tmp / sub, **extra)
-        env["PATH"] = os.pathsep.join([str(self.venv / "bin"), path_without_node()])
+        env["PATH"] = os.pathsep.join([str(self.venv / "bin"), path_without_node(self.tmp / "no-node")])
         env.pop("VIRTUAL_ENV", None)
         env.pop("PYTHONPATH", None)
         return env
@@ -93,7 +93,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     wheel = next(dist.glob("jupyter_gpujobs-*.whl"))
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", str(venv)])
-    env = dict(os.environ, PATH=os.pathsep.join([str(venv / "bin"), path_without_node()]))
+    env = dict(os.environ, PATH=os.pathsep.join([str(venv / "bin"), path_without_node(tmp / "no-node")]))
     env.pop("VIRTUAL_ENV", None)
     run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], env=env, timeout=900)
     yield Installed(clone=clone, wheel=wheel, venv=venv, tmp=tmp)
