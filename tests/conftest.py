@@ -66,6 +66,21 @@ def engine(jp_serverapp: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
+def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
+    """The server's Monitor, started (pytest-jupyter does not run the extension's start hook),
+    with fake GPUs 0 and 1 drained: other test runs on this machine use them."""
+    m = jp_serverapp.web_app.settings["gpujobs_monitor"]
+    jp_asyncio_loop.run_until_complete(m.start())
+    for index in (0, 1):
+        m.drain("localhost", index, True, "tests", "shared with other test runs")
+    yield m
+    # stop what a failed test left running through the engine, so whole job trees end
+    for job in list(engine.running()):
+        jp_asyncio_loop.run_until_complete(engine.cancel(job.id, job.user, wait_s=5))
+    jp_asyncio_loop.run_until_complete(m.stop())
+
+
+@pytest.fixture
 def api(jp_fetch: Callable[..., Any], engine: Any) -> Callable[..., Any]:
     """`await api("GET", "jobs", body=...)` -> (status, JSON) without raising on 4xx."""
     from tornado.httpclient import HTTPClientError

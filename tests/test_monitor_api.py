@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,20 +30,6 @@ A100_MB = 40960
 def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
     return {**gpujobs_config, "fake_gpus": "4xA100", "sample_interval": 0.3, "idle_hog_after": 2,
             "idle_hog_threshold": 5.0}
-
-
-@pytest.fixture
-def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
-    """The server's Monitor, started (pytest-jupyter does not run the extension's start hook)."""
-    m = jp_serverapp.web_app.settings["gpujobs_monitor"]
-    jp_asyncio_loop.run_until_complete(m.start())
-    for index in (0, 1):
-        m.drain("localhost", index, True, "tests", "shared with other test runs")
-    yield m
-    # stop what a failed test left running through the engine, so whole job trees end
-    for job in list(engine.running()):
-        jp_asyncio_loop.run_until_complete(engine.cancel(job.id, job.user, wait_s=5))
-    jp_asyncio_loop.run_until_complete(m.stop())
 
 
 def py(code: str) -> list[str]:

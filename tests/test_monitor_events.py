@@ -36,18 +36,6 @@ def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def monitor(jp_serverapp: Any, engine: Any, jp_asyncio_loop: Any) -> Iterator[Any]:
-    m = jp_serverapp.web_app.settings["gpujobs_monitor"]
-    jp_asyncio_loop.run_until_complete(m.start())
-    for index in (0, 1):
-        m.drain("localhost", index, True, "tests", "shared with other test runs")
-    yield m
-    for job in list(engine.running()):
-        jp_asyncio_loop.run_until_complete(engine.cancel(job.id, job.user, wait_s=5))
-    jp_asyncio_loop.run_until_complete(m.stop())
-
-
-@pytest.fixture
 def sockets(jp_ws_fetch: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
     """`await connect("tok-bob")` -> that user's events websocket (closed after the test)."""
     opened: list[Any] = []
