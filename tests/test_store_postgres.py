@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from schema_upgrade import check_newer_schema_is_refused, check_upgrade_keeps_jobs
 from servers import free_port
 
 from jupyter_gpujobs.model import JobState
@@ -61,6 +62,16 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def fresh_database(postgres_url: str, request: pytest.FixtureRequest) -> str:
+    """The URL of a new, empty database in the same cluster."""
+    name = "m_" + request.node.name.lower()[-40:].replace("-", "_")
+    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    subprocess.run(_as_db_user([_pg_bin("createdb"), "-h", "127.0.0.1", "-p", port, "-U", "gpujobs", name]),
+                   check=True, capture_output=True)
+    return postgres_url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
 def store(postgres_url: str) -> Iterator[Store]:
     s = Store(postgres_url)
     s.migrate()
@@ -104,3 +115,11 @@ def test_engine_runs_a_job_on_postgres(live_server: Any, postgres_url: str, stor
     assert client.log(job["id"])["data"] == "on 0\n"
     assert store.get(job["id"]).state is JobState.COMPLETED, "the job is in PostgreSQL, not in SQLite"
     assert not list(Path(server.state_dir).glob("*.sqlite"))
+
+
+def test_upgrade_from_the_first_schema_keeps_jobs_on_postgres(fresh_database: str) -> None:
+    check_upgrade_keeps_jobs(fresh_database)
+
+
+def test_a_newer_schema_is_refused_unchanged_on_postgres(fresh_database: str) -> None:
+    check_newer_schema_is_refused(fresh_database)

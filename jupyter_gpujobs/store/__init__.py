@@ -22,9 +22,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..model import Dependency, Job, JobState
 from .tables import AllocationRow, Base, EventRow, JobRow, UsageRow
 
-__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated"]
+__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer jupyter-gpujobs: its schema revision is unknown here."""
 
 
 class GPUAlreadyAllocated(RuntimeError):
@@ -157,16 +161,29 @@ class Store:
 
     # ----------------------------------------------------------------- schema
 
-    def migrate(self) -> None:
-        """Create or upgrade the schema to the newest alembic revision."""
+    def migrate(self, revision: str = "head") -> None:
+        """Create or upgrade the schema to `revision` (the newest by default). A database whose
+        schema this version does not know (written by a newer jupyter-gpujobs) is refused
+        with `SchemaTooNew`, and left as it is."""
         from alembic import command
         from alembic.config import Config
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
 
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS))
+        known = [s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()]
         with self.engine.begin() as conn:
+            current = MigrationContext.configure(conn).get_current_heads()
+            unknown = [r for r in current if r not in known]
+            if unknown:
+                raise SchemaTooNew(
+                    f"the database {self.engine.url.render_as_string(hide_password=True)} has schema "
+                    f"revision {unknown[0]}, which this jupyter-gpujobs does not know (it knows up to "
+                    f"{known[0]}): it was written by a newer version. Upgrade jupyter-gpujobs, or point "
+                    "c.GPUJobs.db_url at another database; nothing in this one was changed.")
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, revision)
 
     def revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext
