@@ -269,7 +269,7 @@ def parse_dependencies(value: Any, field_name: str = "depends") -> tuple[Depende
     return tuple(deps)
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """A job: what was asked (the spec fields) and what happened (the state fields).
 
