@@ -228,6 +228,53 @@ def test_a_cycle_without_estimates_decides_exactly_the_same() -> None:
                     assert len(quick.expected_start) < len(full.expected_start)  # the deep ones
 
 
+def test_a_deciding_cycle_on_a_full_cluster_keeps_each_class_to_its_maximum_time_limit() -> None:
+    """On a full cluster the deciding cycle decides the deep queue class by class. Classes
+    that differ only in their time limit must still be told apart where it matters: one over
+    its user's maximum time limit is told so, as the job-by-job walk tells it; and with a GPU
+    free, where the time limit decides whether a job fits before a reservation, the decisions
+    are those of the full cycle."""
+    from jupyter_gpujobs.model import Quota
+
+    pol = Policy(user_max_running_jobs=40, default_user_quota=Quota(max_time_limit_s=3600),
+                 user_quotas={"u1": Quota(max_time_limit_s=900)},
+                 group_quotas={"g0": Quota(guaranteed_gpus=8)})
+    for seed in range(6):
+        pending, running, inv = _random_snapshot(seed, 6, 400)
+        busy = {(r.host, r.assigned_gpus[0]) for r in running}
+        jid = 50_000
+        for g in inv:  # every GPU busy, but one GPU in the second half of the seeds
+            if (g.host, g.index) not in busy and not (seed >= 3 and (g.host, g.index) == ("h1", 0)):
+                running.append(Job(id=jid, user="bob", gpus=1, state=JobState.RUNNING, host=g.host,
+                                   assigned_gpus=(g.index,), started_at=NOW - 50, time_limit_s=7200,
+                                   submitted_at=NOW - 60))
+                jid += 1
+        for depth in (0, 5, 40):
+            p = replace(pol, reservation_depth=depth)
+            full = schedule(NOW, pending, running, inv, p)
+            quick = schedule(NOW, pending, running, inv, p, estimate=False)
+            assert quick.starts == full.starts and quick.preemptions == full.preemptions, (seed, depth)
+            assert quick.reasons == full.reasons, (seed, depth)
+        over = [j for j in pending if (j.time_limit_s or 0) > (900 if j.user == "u1" else 3600)]
+        assert over and all("time limit" in quick.reasons[j.id] for j in over if j.id in quick.reasons)
+
+
+def test_a_short_job_backfills_where_a_long_one_of_the_same_request_waits() -> None:
+    """With a GPU free until a reservation, a long job waits and a short one of the same user
+    and request starts in the hole, in the deciding cycle as in the full one (the deep queue
+    is decided by class, and the two differ only in their time limit)."""
+    inv = gpus()
+    running = [run(900 + i, "h0", (i,), ends_in=7200) for i in range(7)]  # GPU 7 free
+    pending = [job(1, gpus=8, limit=3600),  # reserved at +2h, on all eight
+               job(2, limit=14400, user="vic"),  # cannot fit before it: reserved after it
+               job(3, limit=1800, user="carol"),  # deep: fits in the hole
+               job(4, limit=14400, user="carol")]  # deep, same family (decided first): waits
+    p = replace(PLAIN, reservation_depth=2)
+    full, quick = schedule(NOW, pending, running, inv, p), schedule(NOW, pending, running, inv, p, estimate=False)
+    assert started(full) == started(quick) == [3], quick.reasons
+    assert quick.reasons == full.reasons and quick.reasons[4] == "waiting for 1 free GPU"
+
+
 def test_a_kept_priority_order_places_new_jobs_as_its_calculation_would() -> None:
     """Between priority calculations the server passes the last order: jobs that left drop
     out, new and requeued ones go exactly where a calculation at the same time would put
