@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Mapping
+from functools import lru_cache
 
 from ..model import Job, JobState, OffpeakWindow
 
@@ -47,10 +48,14 @@ def next_window_start(local: float, windows: tuple[OffpeakWindow, ...]) -> float
 
 def clock_text(t: float, now: float, utc_offset_s: int) -> str:
     """"22:00" today/tomorrow, else "Thu 03 Dec 22:00", in the policy's local time."""
-    tm = _time.gmtime(t + utc_offset_s)
-    if t - now < 86400:
-        return _time.strftime("%H:%M", tm)
-    return _time.strftime("%a %d %b %H:%M", tm)
+    return _minute_text(int((t + utc_offset_s) // 60), t - now < 86400)
+
+
+@lru_cache(maxsize=4096)
+def _minute_text(minute: int, within_a_day: bool) -> str:
+    """The text of a local minute (a cycle of deferred jobs asks for many of the same)."""
+    tm = _time.gmtime(minute * 60)
+    return _time.strftime("%H:%M" if within_a_day else "%a %d %b %H:%M", tm)
 
 
 #: dependency outcome: ("ok", None) met; ("wait", target) not yet; ("cancel", reason)
