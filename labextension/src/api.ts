@@ -72,6 +72,9 @@ export interface IJob {
   command: string | string[] | null;
   payload: { [key: string]: any } | null;
   output_notebook: string | null;
+  /** Epoch seconds, while it runs with a time limit: when it reaches it, and when it is warned. */
+  ends_at?: number | null;
+  warn_at?: number | null;
 }
 
 export interface IJobEvent {

@@ -449,6 +449,8 @@ function Elapsed(props: { job: IJob; now: number }): React.ReactElement {
   const elapsed = job.started_at ? Math.max(0, now - job.started_at) : 0;
   const limit = job.time_limit_s || 0;
   const fraction = limit ? Math.min(1, elapsed / limit) : 0;
+  // past the engine's warning time: say when the job will be stopped
+  const warned = !!job.warn_at && !!job.ends_at && now >= job.warn_at;
   return (
     <div className="jp-GPUJobs-jobDetail">
       <div
@@ -463,6 +465,12 @@ function Elapsed(props: { job: IJob; now: number }): React.ReactElement {
       <div className="jp-GPUJobs-elapsed">
         <span>
           {formatDuration(elapsed)} / {limit ? formatDuration(limit) : 'no limit'}
+          {warned ? (
+            <span className="jp-GPUJobs-stopsIn">
+              {' '}
+              · stops in {formatDuration(Math.max(0, (job.ends_at as number) - now))}
+            </span>
+          ) : null}
         </span>
         <span className="jp-GPUJobs-where">
           {job.assigned_gpus.length

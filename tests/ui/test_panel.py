@@ -4,6 +4,7 @@ real JupyterLab (base_url /lab-under-test/, fake GPUs 2xA100) driven by Chromium
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,29 @@ def test_cancel_from_the_panel_ends_a_running_job(page: Any, client: Any) -> Non
     dialog.locator("button", has_text="Cancel job").click()
     wait_for(lambda: row.get_attribute("data-state") == "CANCELLED", 20, "the row to say cancelled")
     assert client.job(job["id"])["state"] == "CANCELLED"
+
+
+def test_a_job_past_its_warning_time_counts_down_to_its_limit(page: Any, client: Any) -> None:
+    """A 10 s limit is warned 2 s before (a fifth of it): from then the card says when the
+    job will be stopped, in the warning colour, and counts down."""
+    open_panel(page)
+    job = client.submit(sleeper(60), gpus=1, time_limit="10s", name="nearly-out")
+    row = job_row(page, job["id"])
+    wait_for(lambda: row.get_attribute("data-state") == "RUNNING", 20, "the job to run")
+    running = client.job(job["id"])
+    assert running["warn_at"] == running["ends_at"] - 2
+    stops = row.locator(".jp-GPUJobs-stopsIn")
+    assert stops.count() == 0, "no countdown before the warning time"
+    stops.wait_for(timeout=15000)
+    assert re.search(r"stops in [12]s", stops.inner_text()), stops.inner_text()
+    screenshot(page, "job-stops-in", row)
+    color = stops.evaluate("e => getComputedStyle(e).color")
+    warn = page.evaluate(
+        "() => { const e = document.createElement('span'); e.style.color = 'var(--jp-warn-color0)';"
+        " document.body.append(e); const c = getComputedStyle(e).color; e.remove(); return c; }")
+    assert color == warn, (color, warn)
+    wait_for(lambda: row.get_attribute("data-state") == "TIMEOUT", 20, "the job to time out")
+    assert row.locator(".jp-GPUJobs-stopsIn").count() == 0
 
 
 # --------------------------------------------------------------------- log viewer
