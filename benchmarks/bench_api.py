@@ -6,8 +6,11 @@ Prints medians, and ratios against baselines measured in the same run on the sam
 (these machines are noisy): submissions/s against authenticated `GET whoami` requests/s, and
 dispatch latency against the time to spawn the same tiny process directly.
 
-- throughput: N `POST jobs` from 16 concurrent connections; the jobs are deferred (`begin: +1d`)
-  so the queue grows as in a burst of real submissions, and each scheduling cycle sees them.
+- throughput: N `POST jobs` from 16 concurrent connections, in two scenarios, each on its own
+  server: "deferred", jobs with `begin: +1d` (each its own begin time, so each is its own class
+  for the scheduler: the costliest queue for its cycles), and "busy", a burst of one spec into a
+  cluster whose GPUs are all held (the usual burst: a sweep while the GPUs are taken). Both grow
+  the queue, and each scheduling cycle sees it.
 - dispatch latency: on one GPU, job A ends; the time from A's last instruction to job B's first
   (both `sh -c 'date +%s.%N'`), i.e. exit noticed + cycle + supervisor start + exec.
 """
@@ -73,17 +76,27 @@ async def rate(server: LiveServer, path: str, n: int, method: str, body: dict | 
     return n / (time.perf_counter() - t0)
 
 
-def throughput(server: LiveServer, n: int, rounds: int) -> None:
-    submit = {"command": ["true"], "gpus": 1, "begin": "+1d", "time_limit": "1m"}
+def throughput(server: LiveServer, n: int, rounds: int, scenario: str) -> None:
+    submit: dict[str, object] = {"command": ["true"], "gpus": 1, "time_limit": "1m"}
+    if scenario == "deferred":
+        submit["begin"] = "+1d"
+    else:  # hold every GPU first: the burst queues behind them
+        client = server.client()
+        holders = [client.submit(["sleep", "600"], gpus=1, time_limit="20m")["id"] for _ in client.gpus()]
+        deadline = time.monotonic() + 30
+        while any(client.job(h)["state"] != "RUNNING" for h in holders):
+            assert time.monotonic() < deadline, "the GPU holders did not start"
+            time.sleep(0.1)
     subs, gets = [], []
     for r in range(rounds):
         gets.append(asyncio.run(rate(server, "whoami", n, "GET", None)))
         subs.append(asyncio.run(rate(server, "jobs", n, "POST", submit)))
-        print(f"  round {r + 1}/{rounds}: {subs[-1]:.0f} submissions/s, baseline {gets[-1]:.0f} GET whoami/s",
-              flush=True)
+        print(f"  {scenario} round {r + 1}/{rounds}: {subs[-1]:.0f} submissions/s, baseline {gets[-1]:.0f} "
+              "GET whoami/s", flush=True)
     s, g = statistics.median(subs), statistics.median(gets)
-    print(f"REST submit throughput: median {s:.0f} jobs/s (target >= 1000); "
+    print(f"REST submit throughput ({scenario}): median {s:.0f} jobs/s (target >= 1000); "
           f"baseline GET whoami {g:.0f} req/s; ratio {s / g:.2f}")
+
 
 
 def dispatch(server: LiveServer, runs: int, tmp: Path) -> None:
@@ -117,11 +130,12 @@ def main() -> None:
             dispatch(server, args.dispatches, tmp)
         finally:
             server.stop()
-        server = start_server(tmp / "s2", "8xA100")
-        try:
-            throughput(server, args.submits, args.rounds)
-        finally:
-            server.stop()
+        for scenario in ("deferred", "busy"):
+            server = start_server(tmp / f"s-{scenario}", "8xA100")
+            try:
+                throughput(server, args.submits, args.rounds, scenario)
+            finally:
+                server.stop()
 
 
 if __name__ == "__main__":
