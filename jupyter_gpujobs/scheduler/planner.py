@@ -235,7 +235,7 @@ class _Cycle:
             arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue)
             assert arranged is not None
         ordered, classes, plan.queue_order = arranged
-        plan.order = list(map(_id, ordered))
+        plan.order = plan.queue_order.ids()  # the ids of `ordered`
         windows = policy.offpeak_windows
         off = policy.utc_offset_s
         offpeak_now = next_window_start(now + off, windows) if windows else None
@@ -514,7 +514,8 @@ class _Cycle:
             else:
                 decided[c] = d[0]
         reasons = self.plan.reasons
-        reasons.update(zip(map(_id, jobs), map(decided.get, cls)))  # type: ignore[arg-type]
+        # the ids from plan.order, not from the jobs: a job read in queue order is a cache miss
+        reasons.update(zip(self.plan.order[first:], map(decided.get, cls)))  # type: ignore[arg-type]
         if not special:
             return None
         rest = list(compress(range(len(cls)), map(special.__contains__, cls)))

@@ -129,13 +129,18 @@ class QueueOrder:
         s = j.submitted_at
         return (age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
+    def ids(self) -> list[int]:
+        """The job ids in this order, read from the keys: cheaper than from the jobs, which lie
+        in memory in another order."""
+        return list(map(_key_id, self.keys))
+
     def arrange(self, jobs: Sequence[Job]) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
         for the next cycle. None if one of them has a user or group it cannot place."""
         by_id = dict(zip(map(_id, jobs), jobs))
         keys, cids = self.keys, self.cids
-        if len(by_id) != len(keys) or not all(map(by_id.__contains__, map(_key_id, keys))):
+        if not all(map(by_id.__contains__, map(_key_id, keys))):  # some left: drop them
             alive = list(map(by_id.__contains__, map(_key_id, keys)))
             keys, cids = list(compress(keys, alive)), list(compress(cids, alive))
         if len(keys) < len(by_id):
