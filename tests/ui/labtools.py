@@ -127,6 +127,9 @@ def open_lab(pg: Any, url: str, theme: str | None = None) -> None:
     pg.wait_for_function("window.jupyterapp && window.jupyterapp.started !== undefined", timeout=60000)
     pg.wait_for_selector("#jp-main-dock-panel", timeout=60000)
     pg.evaluate("window.jupyterapp.started")
+    # the layout restorer puts the saved (or default) sidebar back when it is done: a panel
+    # opened before that can be hidden again
+    pg.evaluate("async () => { await window.jupyterapp.restored; }")
     pg.wait_for_selector(".jp-GPUJobs-status", timeout=30000)
     if theme:
         set_theme(pg, theme)

@@ -407,5 +407,8 @@ def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
             screenshot(page, "panel-unreachable", panel)
         finally:
             stop_lab(noengine)
+    except Exception:
+        screenshot(page, "FAILED-empty-and-unreachable")
+        raise
     finally:
         context.close()
