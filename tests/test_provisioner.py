@@ -276,7 +276,13 @@ def test_idle_kernel_is_reclaimed_busy_one_is_not(live_server: Any, kernels: Any
     jobs = {j["id"]: j for j in kernel_jobs(client)}
     by_kernel = {j["payload"]["kernel_id"]: j["id"] for j in jobs.values()}
     kc = k.client(busy)
+    # the server learns that a kernel is busy from its status messages; its subscription can
+    # miss the first ones, so start the cell once it has seen one (as Lab's first cell would)
+    wait_until(lambda: kc.kernel_info() and k.http.get(f"api/kernels/{busy}").json()["execution_state"] != "starting",
+               10, "the server to see the kernel's status")
     kc.execute("import time\nt = time.time()\nwhile time.time() - t < 14:\n    pass\n")
+    wait_until(lambda: k.http.get(f"api/kernels/{busy}").json()["execution_state"] == "busy", 5,
+               "the server to see the kernel busy")
     t0 = time.monotonic()
 
     wait_until(lambda: idle not in k.ids(), 15, "idle kernel reclaimed")
