@@ -398,7 +398,7 @@ class JobService:
             position = self._positions.get(job.id)
             reason = self._plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
             expected = self._plan.expected_start.get(job.id, self._estimates.get(job.id))
-        running = job.state is JobState.RUNNING and job.started_at is not None
+        ends_at, warn_at = self._limit_times(job) if job.state is JobState.RUNNING else (None, None)
         out = {
             "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
             "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
@@ -410,8 +410,7 @@ class JobService:
             "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
             "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
-            "ends_at": job.started_at + job.time_limit_s if running and job.time_limit_s else None,
-            "warn_at": self._warn_at(job) if running else None,
+            "ends_at": ends_at, "warn_at": warn_at,
         }
         return out
 
@@ -771,21 +770,23 @@ class JobService:
         group_quotas.update({g: _quota(g, q) for g, q in self.quota_overrides["groups"].items()})
         return replace(self.policy, user_quotas=user_quotas, group_quotas=group_quotas)
 
-    def _warn_at(self, job: Job) -> float | None:
-        """When a started job with a time limit is warned that it nears it: at
-        `time_limit_warning_s` before it, or at a fifth of a shorter limit."""
+    def _limit_times(self, job: Job) -> tuple[float, float] | tuple[None, None]:
+        """(when a started job reaches its time limit, when it is warned of it: at
+        `time_limit_warning_s` before, or a fifth of a shorter limit); (None, None) for a job
+        not started or without a limit."""
         if not job.started_at or not job.time_limit_s:
-            return None
-        return job.started_at + job.time_limit_s - min(self.time_limit_warning_s, job.time_limit_s // 5)
+            return None, None
+        end = job.started_at + job.time_limit_s
+        return end, end - min(self.time_limit_warning_s, job.time_limit_s // 5)
 
     def _enforce_limits(self, running: list[Job], now: float) -> None:
         """Warn before a time limit; stop external (kernel) jobs at it. Script jobs are
         stopped by their supervisor; this is the safety net if one overstays."""
         for job in running:
-            if not job.started_at or not job.time_limit_s:
+            end, warn_at = self._limit_times(job)
+            if end is None or warn_at is None:
                 continue
-            end = job.started_at + job.time_limit_s
-            if job.id not in self._warned and now >= self._warn_at(job) and now < end:
+            if job.id not in self._warned and now >= warn_at and now < end:
                 self._warned.add(job.id)
                 left = format_duration(end - now)
                 self.store.add_event(job.id, "WARNING", "engine", f"time limit in {left}", now,
