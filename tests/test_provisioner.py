@@ -104,6 +104,10 @@ class Kernels:
             self.pids.append(int(text))
         return text.strip("'")
 
+    def server_state(self, kernel_id: str) -> str:
+        """The kernel's execution state as the server tracks it (from its status messages)."""
+        return self.http.get(f"api/kernels/{kernel_id}").json()["execution_state"]
+
     def run_cell(self, kernel_id: str, code: str) -> str:
         """Execute a cell; what it printed (stdout and stderr) as the notebook shows it."""
         kc = self.by_kernel.get(kernel_id) or self.client(kernel_id)
@@ -278,11 +282,13 @@ def test_idle_kernel_is_reclaimed_busy_one_is_not(live_server: Any, kernels: Any
     kc = k.client(busy)
     # the server learns that a kernel is busy from its status messages; its subscription can
     # miss the first ones, so start the cell once it has seen one (as Lab's first cell would)
-    wait_until(lambda: kc.kernel_info() and k.http.get(f"api/kernels/{busy}").json()["execution_state"] != "starting",
-               10, "the server to see the kernel's status")
+    def server_saw_a_status() -> bool:
+        wait_for_kernel_info(kc)  # one request answered, so one more status published
+        return k.server_state(busy) != "starting"
+
+    wait_until(server_saw_a_status, 10, "the server to see the kernel's status")
     kc.execute("import time\nt = time.time()\nwhile time.time() - t < 14:\n    pass\n")
-    wait_until(lambda: k.http.get(f"api/kernels/{busy}").json()["execution_state"] == "busy", 5,
-               "the server to see the kernel busy")
+    wait_until(lambda: k.server_state(busy) == "busy", 5, "the server to see the kernel busy")
     t0 = time.monotonic()
 
     wait_until(lambda: idle not in k.ids(), 15, "idle kernel reclaimed")
