@@ -103,6 +103,12 @@ def _optional_duration(value: Any, field: str) -> int | None:
     return parse_duration(value, field)
 
 
+def _is_ipykernel(cmd: list[str]) -> bool:
+    """An IPython kernel's command line (`python -m ipykernel_launcher -f ...`), which takes
+    IPKernelApp options; other kernels (R, Julia...) get no extra argument."""
+    return any(os.path.basename(part).startswith("ipykernel") for part in cmd)
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -700,9 +706,3 @@ async def release_kernel_jobs(reason: str = "Jupyter server stopped") -> list[in
 
 __all__ = ["GPUKernelProvisioner", "GPUKernelStartError", "PROVISIONER_NAME", "reconcile_kernel_jobs",
            "release_kernel_jobs", "start_reconciler", "state_dir", "human_duration"]
-
-
-def _is_ipykernel(cmd: list[str]) -> bool:
-    """An IPython kernel's command line (`python -m ipykernel_launcher -f ...`), which takes
-    IPKernelApp options; other kernels (R, Julia...) get no extra argument."""
-    return any(os.path.basename(part).startswith("ipykernel") for part in cmd)
