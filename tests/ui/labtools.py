@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,17 @@ def screenshot(pg: Any, name: str, locator: Any | None = None) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     (locator or pg).screenshot(path=str(path))
     return path
+
+
+@contextmanager
+def screenshot_on_failure(pg: Any, name: str) -> Iterator[None]:
+    """Leave `FAILED-<name>.png` of the page if the block fails (tests that make their own
+    page; the `page` fixture does this for the others)."""
+    try:
+        yield
+    except Exception:
+        screenshot(pg, f"FAILED-{name}")
+        raise
 
 
 def copy_to_docs(path: Path, name: str) -> None:

@@ -23,6 +23,7 @@ from labtools import (
     open_panel,
     run_command,
     screenshot,
+    screenshot_on_failure,
     set_theme,
     start_lab,
     stop_lab,
@@ -375,40 +376,38 @@ def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
     context = browser.new_context(viewport={"width": 1200, "height": 800})
     page = context.new_page()
     try:
-        if not _nvml_has_gpus():
-            env = isolated_env(tmp_path / "nogpu")
-            env.pop("GPUJOBS_FAKE_GPUS")
-            nogpu = start_lab(tmp_path / "nogpu", env=env)
+        with screenshot_on_failure(page, "empty-and-unreachable"):
+            if not _nvml_has_gpus():
+                env = isolated_env(tmp_path / "nogpu")
+                env.pop("GPUJOBS_FAKE_GPUS")
+                nogpu = start_lab(tmp_path / "nogpu", env=env)
+                try:
+                    open_lab(page, nogpu.url)
+                    panel = open_panel(page)
+                    empty = panel.locator(".jp-GPUJobs-section-gpus .jp-GPUJobs-empty")
+                    empty.wait_for(timeout=10000)
+                    assert "No GPUs on this server" in empty.inner_text()
+                    assert "GPUJOBS_FAKE_GPUS" in empty.inner_text()
+                    screenshot(page, "panel-no-gpus", panel)
+                finally:
+                    stop_lab(nogpu)
+            env = isolated_env(tmp_path / "noengine")
+            cfg = Path(env["JUPYTER_CONFIG_DIR"])
+            cfg.mkdir(parents=True, exist_ok=True)
+            (cfg / "jupyter_server_config.json").write_text(
+                json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_gpujobs": False}}}))
+            noengine = start_lab(tmp_path / "noengine", env=env)
             try:
-                open_lab(page, nogpu.url)
+                open_lab(page, noengine.url)
                 panel = open_panel(page)
-                empty = panel.locator(".jp-GPUJobs-section-gpus .jp-GPUJobs-empty")
-                empty.wait_for(timeout=10000)
-                assert "No GPUs on this server" in empty.inner_text()
-                assert "GPUJOBS_FAKE_GPUS" in empty.inner_text()
-                screenshot(page, "panel-no-gpus", panel)
+                error = panel.locator(".jp-GPUJobs-error")
+                error.wait_for(timeout=10000)
+                text = error.inner_text()
+                assert "unreachable" in text
+                assert "jupyter server extension enable jupyter_gpujobs" in text
+                assert "engine unreachable" in status_text(page)
+                screenshot(page, "panel-unreachable", panel)
             finally:
-                stop_lab(nogpu)
-        env = isolated_env(tmp_path / "noengine")
-        cfg = Path(env["JUPYTER_CONFIG_DIR"])
-        cfg.mkdir(parents=True, exist_ok=True)
-        (cfg / "jupyter_server_config.json").write_text(
-            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_gpujobs": False}}}))
-        noengine = start_lab(tmp_path / "noengine", env=env)
-        try:
-            open_lab(page, noengine.url)
-            panel = open_panel(page)
-            error = panel.locator(".jp-GPUJobs-error")
-            error.wait_for(timeout=10000)
-            text = error.inner_text()
-            assert "unreachable" in text
-            assert "jupyter server extension enable jupyter_gpujobs" in text
-            assert "engine unreachable" in status_text(page)
-            screenshot(page, "panel-unreachable", panel)
-        finally:
-            stop_lab(noengine)
-    except Exception:
-        screenshot(page, "FAILED-empty-and-unreachable")
-        raise
+                stop_lab(noengine)
     finally:
         context.close()

@@ -24,6 +24,7 @@ from labtools import (
     open_panel,
     run_command,
     screenshot,
+    screenshot_on_failure,
     start_lab,
     stop_lab,
     wait_for_kernel,
@@ -141,31 +142,29 @@ def test_binder_replay_runs_the_tour(installed: Installed, browser: Any) -> None
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     try:
-        open_lab(page, lab.url)
-        panel = open_panel(page)
-        panel.locator(".jp-GPUJobs-gpu").first.wait_for(timeout=15000)
-        names = panel.locator(".jp-GPUJobs-gpuModel").all_inner_texts()
-        assert sorted(names) == ["A100-80GB", "A100-80GB", "T4", "T4"], names
-        run_command(page, "docmanager:open", {"path": "binder/tour.ipynb"})
-        nb = page.locator(".jp-NotebookPanel:visible")
-        nb.locator(".jp-Cell").first.wait_for(timeout=30000)
-        wait_for_kernel(page)
-        run_command(page, "notebook:run-all-cells")
-        page.wait_for_function(
-            """() => {
-                const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')];
-                return cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.querySelector('.jp-InputPrompt').textContent));
-            }""",
-            timeout=120000,
-        )
-        text = nb.inner_text()
-        assert "running on GPU" in text, text[-3000:]
-        errors = nb.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']")
-        assert errors.count() == 0, errors.all_inner_texts()
-        screenshot(page, "binder-tour")
-    except Exception:
-        screenshot(page, "FAILED-binder-tour")
-        raise
+        with screenshot_on_failure(page, "binder-tour"):
+            open_lab(page, lab.url)
+            panel = open_panel(page)
+            panel.locator(".jp-GPUJobs-gpu").first.wait_for(timeout=15000)
+            names = panel.locator(".jp-GPUJobs-gpuModel").all_inner_texts()
+            assert sorted(names) == ["A100-80GB", "A100-80GB", "T4", "T4"], names
+            run_command(page, "docmanager:open", {"path": "binder/tour.ipynb"})
+            nb = page.locator(".jp-NotebookPanel:visible")
+            nb.locator(".jp-Cell").first.wait_for(timeout=30000)
+            wait_for_kernel(page)
+            run_command(page, "notebook:run-all-cells")
+            page.wait_for_function(
+                """() => {
+                    const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')];
+                    return cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.querySelector('.jp-InputPrompt').textContent));
+                }""",
+                timeout=120000,
+            )
+            text = nb.inner_text()
+            assert "running on GPU" in text, text[-3000:]
+            errors = nb.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']")
+            assert errors.count() == 0, errors.all_inner_texts()
+            screenshot(page, "binder-tour")
     finally:
         context.close()
         stop_lab(lab)
