@@ -11,6 +11,8 @@ dispatch latency against the time to spawn the same tiny process directly.
   for the scheduler: the costliest queue for its cycles), and "busy", a burst of one spec into a
   cluster whose GPUs are all held (the usual burst: a sweep while the GPUs are taken). Both grow
   the queue, and each scheduling cycle sees it.
+- each connection keeps the login cookie the server sets in answer to its token, as
+  `jupyter_gpujobs.client` (an httpx client) and browsers do.
 - dispatch latency: on one GPU, job A ends; the time from A's last instruction to job B's first
   (both `sh -c 'date +%s.%N'`), i.e. exit noticed + cycle + supervisor start + exec.
 """
@@ -54,21 +56,33 @@ async def rate(server: LiveServer, path: str, n: int, method: str, body: dict | 
     payload = json.dumps(body).encode() if body is not None else b""
     head = (f"{method} {server.base_url}gpujobs/api/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Authorization: token {server.token}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n").encode()
-    request = head + payload
+            f"Content-Length: {len(payload)}\r\n").encode()
     counter = iter(range(n))
 
     async def worker() -> None:
+        # like httpx.Client (jupyter_gpujobs.client) and browsers, keep the login cookie the
+        # server sets in answer to the token: the server then knows the user without a new one
+        cookies: dict[bytes, bytes] = {}
+        request = head + b"\r\n" + payload
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         for _ in counter:
             writer.write(request)
             status = await reader.readline()
             assert status.split()[1] in (b"200", b"201"), status
             length = 0
+            set_cookie = False
             while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+                elif name.lower() == b"set-cookie":
+                    k, _, v = value.strip().split(b";")[0].partition(b"=")
+                    cookies[k] = v
+                    set_cookie = True
             await reader.readexactly(length)
+            if set_cookie:
+                jar = b"; ".join(k + b"=" + v for k, v in cookies.items())
+                request = head + b"Cookie: " + jar + b"\r\n\r\n" + payload
         writer.close()
 
     t0 = time.perf_counter()

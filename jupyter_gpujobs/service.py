@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -476,7 +477,7 @@ class JobService:
             fields["cwd"] = str(self.root_dir)
         elif not Path(fields["cwd"]).is_absolute():
             fields["cwd"] = str(self.root_dir / fields["cwd"])
-        if not Path(fields["cwd"]).is_dir():
+        if not os.path.isdir(fields["cwd"]):
             raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
         if fields["kind"] == "notebook":
             from .notebooks import check_notebook_payload

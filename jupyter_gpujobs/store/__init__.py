@@ -230,10 +230,20 @@ class Store:
         all_rows = [values for rows in groups for values in rows]
         if not all_rows:
             return [[] for _ in submissions]
-        insert_jobs = insert(jobs_table).returning(jobs_table.c.id, sort_by_parameter_order=True)
         with self.engine.begin() as conn:
-            params = [_columns(values) for values in all_rows]
-            ids = conn.execute(insert_jobs, [{c: p.get(c) for c in columns} for p in params]).scalars().all()
+            params = [{c: p.get(c) for c in columns} for p in map(_columns, all_rows)]
+            if conn.dialect.name == "sqlite":
+                # SQLite has no RETURNING whose rows follow the parameters, so SQLAlchemy would
+                # run one INSERT per job. One executemany instead: the transaction holds the
+                # database's only write lock, so its rows take consecutive ids, in order.
+                done = conn.execute(insert(jobs_table), params if len(params) > 1 else params[0])
+                last = done.lastrowid if len(params) == 1 else None  # executemany sets none
+                if last is None:
+                    last = conn.execute(select(func.last_insert_rowid())).scalar_one()
+                ids: Sequence[int] = range(last - len(params) + 1, last + 1)
+            else:
+                insert_jobs = insert(jobs_table).returning(jobs_table.c.id, sort_by_parameter_order=True)
+                ids = conn.execute(insert_jobs, params).scalars().all()
             for values, job_id in zip(all_rows, ids):
                 values["id"] = job_id
             for sub, rows in zip(submissions, groups):
