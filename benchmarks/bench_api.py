@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from servers import LiveServer, free_port  # noqa: E402
+from servers import LiveServer, free_port, stop_job_processes  # noqa: E402
 
 
 def start_server(tmp: Path, fake: str) -> LiveServer:
@@ -144,12 +144,14 @@ def main() -> None:
             dispatch(server, args.dispatches, tmp)
         finally:
             server.stop()
+            stop_job_processes(server.state_dir / "run")
         for scenario in ("deferred", "busy"):
             server = start_server(tmp / f"s-{scenario}", "8xA100")
             try:
                 throughput(server, args.submits, args.rounds, scenario)
             finally:
                 server.stop()
+                stop_job_processes(server.state_dir / "run")  # jobs outlive their server
 
 
 if __name__ == "__main__":
