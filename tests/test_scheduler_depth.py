@@ -314,3 +314,25 @@ def test_a_kept_priority_order_places_new_jobs_as_its_calculation_would() -> Non
         kept = schedule(NOW, later + zoe, running, inv, pol, heavy, order=first.queue_order)
         assert kept.order == schedule(NOW, later + zoe, running, inv, pol, heavy).order
         assert kept.order.index(5000) > 0  # her usage counts, not a newcomer's full factor
+
+
+def test_the_victim_index_finds_a_victim_exactly_when_may_preempt_does() -> None:
+    """A failed preemption is decided from the index of the running jobs' kinds, without asking
+    `may_preempt` of each job: it must agree with asking each one, for every kind of preemptor."""
+    import random
+
+    from jupyter_gpujobs.scheduler.preemption import VictimIndex, may_preempt
+
+    rnd = random.Random(7)
+    classes = ["low", "normal", "high", "urgent"]
+    users = ["ann", "bob", "cy"]
+    for _ in range(3000):
+        running = [Job(id=i, user=rnd.choice(users), priority=rnd.choice(classes), state=JobState.RUNNING,
+                       borrowed=rnd.random() < 0.3, preemptible=rnd.random() < 0.4)
+                   for i in range(rnd.randint(0, 4))]
+        running = [r for r in running if r.borrowed or r.preemptible]  # the planner's candidates
+        preemptor = Job(id=99, user=rnd.choice(users), priority=rnd.choice(classes))
+        index = VictimIndex(running)
+        for urgent in (False, True):
+            expected = any(may_preempt(r, preemptor, urgent) for r in running)
+            assert index.any_for(preemptor, urgent) == expected, (running, preemptor, urgent)

@@ -8,7 +8,7 @@ ended otherwise cancels the job; a target nobody knows cancels it too).
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from functools import lru_cache
 
 from ..model import Job, JobState, OffpeakWindow
@@ -59,7 +59,7 @@ def _minute_text(minute: int, within_a_day: bool) -> str:
 
 
 #: dependency outcome: ("ok", None) met; ("wait", target) not yet; ("cancel", reason)
-def dependency_status(job: Job, finished: Mapping[int, JobState], active: set[int]
+def dependency_status(job: Job, finished: Mapping[int, JobState], active: Container[int]
                       ) -> tuple[str, int | str | None]:
     waiting: int | None = None
     for dep in job.depends:

@@ -27,7 +27,7 @@ from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
-from .preemption import choose_victims, victims_text
+from .preemption import VictimIndex, choose_victims, victims_text
 from .priority import QueueOrder
 from .quotas import Limit, Quotas
 
@@ -55,6 +55,18 @@ def schedule(now: float, pending: Sequence[Job], running: Sequence[Job], gpus: S
 
 _id = attrgetter("id")
 _depends = attrgetter("depends")
+
+
+class _Active:
+    """Is a job id pending or running? (`in`, without a set of every id)"""
+
+    __slots__ = ("pending", "running")
+
+    def __init__(self, pending: Mapping[int, Job], running: Mapping[int, float]):
+        self.pending, self.running = pending, running
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.pending or job_id in self.running
 
 
 def _may_fit(k: int, lims: list[tuple[Limit, bool]]) -> bool:
@@ -101,6 +113,7 @@ class _Cycle:
             self.reserve_limit = Limit(cap, f"the last {policy.urgent_reserve_gpus} GPUs are kept for urgent jobs")
         self.victims: set[int] = set()
         self.candidates: dict[int, list[Job]] | None = None
+        self.victim_index: dict[str | None, VictimIndex] = {}  # by GPU type, while no job is preempted
         self._limit_s: dict[int, float] = {}
         # cost controls (see the module docstring)
         depth = policy.reservation_depth
@@ -141,9 +154,13 @@ class _Cycle:
             self._account_running(j)
 
     @cached_property
-    def active(self) -> set[int]:
-        """Ids of the active jobs (for dependencies only, so built only when one has them)."""
-        return set(map(_id, self.pending)).union(map(_id, self.running))
+    def pending_by_id(self) -> dict[int, Job]:
+        return dict(zip(map(_id, self.pending), self.pending))
+
+    @cached_property
+    def active(self) -> _Active:
+        """Ids of the active jobs (for dependencies only)."""
+        return _Active(self.pending_by_id, self.ends)
 
     # ------------------------------------------------------------------ limits
     def _limit(self, key: tuple[str, object], cap: int | None, text: str) -> Limit | None:
@@ -228,9 +245,11 @@ class _Cycle:
                 cancelled.add(j.id)
             elif status == "wait":
                 waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
+        by_id = self.pending_by_id
         if cancelled:
             queue = [j for j in pending if j.id not in cancelled]
-        arranged = self.order.arrange(queue) if self.order is not None else None
+            by_id = {i: j for i, j in by_id.items() if i not in cancelled}
+        arranged = self.order.arrange(queue, by_id) if self.order is not None else None
         if arranged is None:  # no kept order, or one that cannot place a new user's job
             arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue)
             assert arranged is not None
@@ -500,15 +519,37 @@ class _Cycle:
 
         Decide each class once from its first job (`_decide_deep` changes nothing), write
         every job's reason in bulk, then walk the jobs no class decision covers (they may
-        start or preempt; dependency waiters go to `later`) in queue order. While none of
-        them changes the GPUs, the limits in use or the jobs named in reasons, every class
+        start, preempt or name a job in reasons). While none of them changes the free GPUs,
+        the limits in use or the jobs named in reasons, every class
         decision stays what the job-by-job walk would give. When one does, the jobs after it
-        are left to that walk: returns where it resumes (None when all is done)."""
+        are left to that walk: returns where it resumes (None when all is done).
+
+        Classes that differ only in their time limit are one family (`_deep_family`): it is
+        decided once, and each class checks only that its limit lies in the family's range,
+        read from the class key (the jobs themselves lie in memory out of queue order)."""
         jobs, cls = ordered[first:], classes[first:]
         decided: dict[int, str] = {}
         special: set[int] = set()
+        keys = self.plan.queue_order.class_keys()
+        families: dict[tuple[object, ...], tuple[str, float, float] | None] = {}
+        default_limit = self.default_limit
         for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
-            d = None if j.depends else self._decide_deep(j)
+            priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
+            if depends:
+                special.add(c)
+                continue
+            if not offpeak and begin is None:
+                fk = (priority, user, group, k, gt, aid, amr)
+                fam = families.get(fk, False)
+                if fam is False:
+                    fd = self._deep_family(j)
+                    fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
+                if fam is not None:
+                    limit = float(tl or default_limit)  # type: ignore[arg-type]
+                    if fam[1] <= limit <= fam[2]:
+                        decided[c] = fam[0]
+                        continue
+            d = self._decide_deep(j)
             if d is None:
                 special.add(c)
             else:
@@ -545,6 +586,20 @@ class _Cycle:
         """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
         can only wait, or None for one that needs `_place` (no GPUs asked, a begin or off-peak
         floor, over its maximum time limit, or it may start now or preempt)."""
+        fam = self._deep_family(j)
+        if fam is None:
+            return None
+        why, k, gt, view, lims, unblocked, low, high = fam
+        limit = float(j.time_limit_s or self.default_limit)
+        if not low <= limit <= high:
+            return None
+        return (why, k, gt, view, limit, lims, unblocked)
+
+    def _deep_family(self, j: Job) -> tuple[str, int, str | None, View, list[tuple[Limit, bool]], bool, float, float] | None:
+        """`_decide_deep` for every time limit at once: (reason, GPUs, type, view, limits, not
+        blocked by a limit, low, high), where a job like `j` with a limit in [low, high] can
+        only wait for that reason (below low it may start now, above high it is over its
+        maximum time limit), or None when none can only wait."""
         now, policy, cl = self.now, self.policy, self.cluster
         k = j.gpus
         gt = j.gpu_type
@@ -553,23 +608,21 @@ class _Cycle:
         kind = self.kinds.get(kk) or self._kind(j)
         if k <= 0 or view is None or k > view.max_size:
             return None
-        limit = float(j.time_limit_s or self.default_limit)
         lims, mtl = kind
-        if mtl is not None and limit > mtl:
-            return None
+        high = INF if mtl is None else float(mtl)
         if j.offpeak or (j.begin is not None and j.begin > now):
             if self.estimate:
                 return None  # its estimate starts from its floor: `_place`
             floor, why = self._floor(j)
             if floor > now:  # it only waits, for the reason `_place` gives first
-                return (why or "waiting", k, gt, view, limit, lims, False)
+                return (why or "waiting", k, gt, view, lims, False, -INF, high)
+        # below `low` a job that no limit blocks may start now (the shapes that failed to)
+        may_start = view.free_pids and (policy.backfill or self.fifo_blocked is None)
+        low = self.failed_shapes.get((k, gt), INF) if may_start else -INF
         wk = (kk, k, gt, self.fifo_blocked, self.top_reserved)
         wait = self.waits.get(wk)
         if wait is not None:
-            if wait[1] and view.free_pids and limit < self.failed_shapes.get((k, gt), INF) and (
-                    policy.backfill or self.fifo_blocked is None):
-                return None  # it may start now
-            return (wait[0], k, gt, view, limit, lims, wait[1])
+            return (wait[0], k, gt, view, lims, wait[1], low if wait[1] else -INF, high)
         blocked: Limit | None = None
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
@@ -577,10 +630,9 @@ class _Cycle:
                 break
         if blocked is not None:
             self.waits[wk] = (blocked.reason, False)
-            return (blocked.reason, k, gt, view, limit, lims, False)
-        if view.free_pids and limit < self.failed_shapes.get((k, gt), INF) and (
-                policy.backfill or self.fifo_blocked is None):
-            return None  # it may start now
+            return (blocked.reason, k, gt, view, lims, False, -INF, high)
+        if low == INF:
+            return None  # it may start now, whatever its limit
         if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
             if not self._preempt_failed(j, k):
                 if j.priority == "urgent" or self._within_guarantee(j, k):
@@ -588,7 +640,7 @@ class _Cycle:
                 self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
         why = self._waiting_reason(view, k, gt)
         self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
-        return (why, k, gt, view, limit, lims, True)
+        return (why, k, gt, view, lims, True, low, high)
 
     def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
                    lims: list[tuple[Limit, bool]], unblocked: bool,
@@ -771,13 +823,21 @@ class _Cycle:
         if not self.candidates:
             failed[memo] = min(k, failed.get(memo, k))
             return False
-        pids = set(view.pids)
-        cands = {p: js for p, js in self.candidates.items() if p in pids and js}
-        free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
-        chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
+        index = self.victim_index.get(j.gpu_type)
+        if index is None:
+            pids = set(view.pids)
+            index = self.victim_index[j.gpu_type] = VictimIndex(
+                [v for p, js in self.candidates.items() if p in pids for v in js])
+        if not index.any_for(j, urgent):  # no running job it may take: as choose_victims finds
+            chosen = None
+        else:
+            pids = set(view.pids)
+            cands = {p: js for p, js in self.candidates.items() if p in pids and js}
+            free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
+            chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
         if chosen is None:
             failed[memo] = min(k, failed.get(memo, k))
-            if not any(v.user == j.user for js in cands.values() for v in js):
+            if j.user not in index.users:
                 # nothing was kept from it for being its own, so no other user of its class
                 # could do better (the victims a job may take depend on nothing else)
                 wide = (j.gpu_type, None, None, j.priority)
@@ -789,6 +849,7 @@ class _Cycle:
             self.plan.preemptions.append(Preemption(v.id, j.id, f"preempted by job {j.id} ({why})"))
             self.victims.add(v.id)
             self.candidates[p].remove(v)
+        self.victim_index.clear()
         if not urgent:
             key = j.user if why == f"guarantee of user {j.user}" else "group:" + (j.group or "")
             self.claimed[key] = self.claimed.get(key, 0) + k

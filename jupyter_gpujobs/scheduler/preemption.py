@@ -26,6 +26,42 @@ def may_preempt(victim: Job, preemptor: Job, urgent: bool) -> bool:
     return victim.preemptible and lower
 
 
+class VictimIndex:
+    """Whether any of some running jobs `may_preempt` would allow a preemptor to take, in a
+    few set lookups instead of one call per job: most failed attempts fail for want of any."""
+
+    __slots__ = ("users", "borrowed_users", "preemptible_users", "lowest_rank")
+
+    def __init__(self, jobs: Sequence[Job]):
+        self.users = {j.user for j in jobs}
+        self.borrowed_users: dict[str, int] = {}  # user -> borrowed jobs that are not urgent
+        self.preemptible_users: dict[int, dict[str, int]] = {}  # class rank -> user -> jobs, not borrowed
+        self.lowest_rank = 99  # of the jobs that are borrowed or preemptible
+        for j in jobs:
+            rank = PRIORITY_RANK.get(j.priority, 1)
+            if j.borrowed or j.preemptible:
+                self.lowest_rank = min(self.lowest_rank, rank)
+            if j.borrowed:
+                if j.priority != "urgent":
+                    self.borrowed_users[j.user] = self.borrowed_users.get(j.user, 0) + 1
+            elif j.preemptible:
+                users = self.preemptible_users.setdefault(rank, {})
+                users[j.user] = users.get(j.user, 0) + 1
+
+    def any_for(self, preemptor: Job, urgent: bool) -> bool:
+        """Is `may_preempt(job, preemptor, urgent)` true for one of the jobs?"""
+        rank = PRIORITY_RANK.get(preemptor.priority, 1)
+        if urgent:
+            return self.lowest_rank < rank
+        me = preemptor.user
+
+        def others(users: dict[str, int]) -> bool:
+            return len(users) > 1 or (len(users) == 1 and me not in users)
+
+        return others(self.borrowed_users) or any(
+            others(users) for r, users in self.preemptible_users.items() if r < rank)
+
+
 def choose_victims(now: float, preemptor: Job, k: int, candidates: dict[int, list[Job]],
                    free_usable: dict[int, int], urgent: bool
                    ) -> tuple[int, list[Job]] | None:

@@ -10,7 +10,7 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
@@ -59,16 +59,18 @@ class QueueOrder:
     pending and puts new ones (and requeued ones) where the same calculation puts them.
     Immutable: `arrange` returns the order it used without changing this one."""
 
-    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs")
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "_ids")
 
     def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
-                 const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]]):
+                 const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]],
+                 ids: list[int] | None = None):
         self.keys = keys  # sorted
         self.cids = cids  # the class number of each key's job
         self.classes = classes  # job_class -> class number
         self.const = const  # class number -> everything in -(key) but age
         self.calc = calc
         self.fs = fs  # fair-share factors per user and per group
+        self._ids = ids  # each key's job id, when known
 
     @classmethod
     def compute(cls, now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
@@ -129,36 +131,47 @@ class QueueOrder:
         s = j.submitted_at
         return (age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
-    def ids(self) -> list[int]:
-        """The job ids in this order, read from the keys: cheaper than from the jobs, which lie
-        in memory in another order."""
-        return list(map(_key_id, self.keys))
+    def class_keys(self) -> list[tuple[object, ...]]:
+        """The `job_class` of each class number."""
+        return list(self.classes)  # insertion order: class numbers are given in order
 
-    def arrange(self, jobs: Sequence[Job]) -> tuple[list[Job], list[int], QueueOrder] | None:
+    def ids(self) -> list[int]:
+        """The job ids in this order (read-only: it is shared with the orders arranged from
+        this one). Read from the keys once: cheaper than from the jobs, which lie in memory in
+        another order."""
+        if self._ids is None:
+            self._ids = list(map(_key_id, self.keys))
+        return self._ids
+
+    def arrange(self, jobs: Sequence[Job], by_id: Mapping[int, Job] | None = None
+                ) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
-        for the next cycle. None if one of them has a user or group it cannot place."""
-        by_id = dict(zip(map(_id, jobs), jobs))
-        keys, cids = self.keys, self.cids
-        if not all(map(by_id.__contains__, map(_key_id, keys))):  # some left: drop them
-            alive = list(map(by_id.__contains__, map(_key_id, keys)))
-            keys, cids = list(compress(keys, alive)), list(compress(cids, alive))
-        if len(keys) < len(by_id):
-            known = set(map(_key_id, keys))
-            keys, cids = list(keys), list(cids)
+        for the next cycle. None if one of them has a user or group it cannot place.
+        `by_id`: the jobs by id, when the caller has them so."""
+        if by_id is None:
+            by_id = dict(zip(map(_id, jobs), jobs))
+        keys, cids, ids = self.keys, self.cids, self.ids()
+        if not all(map(by_id.__contains__, ids)):  # some left: drop them
+            alive = list(map(by_id.__contains__, ids))
+            keys, cids, ids = list(compress(keys, alive)), list(compress(cids, alive)), list(compress(ids, alive))
+        if len(ids) < len(by_id):
+            new = sorted(by_id.keys() - set(ids))
+            keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
-            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs)
-            for j in sorted((j for i, j in by_id.items() if i not in known), key=_id):
-                placed = order.key(j)
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids)
+            for i in new:
+                placed = order.key(by_id[i])
                 if placed is None:
                     return None
                 k, cid = placed
                 at = bisect_left(keys, k)
                 keys.insert(at, k)
                 cids.insert(at, cid)
+                ids.insert(at, i)
         else:
-            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs)
-        return list(map(by_id.__getitem__, map(_key_id, keys))), cids, order
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids)
+        return list(map(by_id.__getitem__, ids)), cids, order
 
 
 _key_id = itemgetter(2)
