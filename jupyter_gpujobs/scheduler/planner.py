@@ -544,11 +544,11 @@ class _Cycle:
                 if fam is False:
                     fd = self._deep_family(j)
                     fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
-                if fam is not None:
-                    limit = float(tl or default_limit)  # type: ignore[arg-type]
-                    if fam[1] <= limit <= fam[2]:
-                        decided[c] = fam[0]
-                        continue
+                if fam is not None and fam[1] <= float(tl or default_limit) <= fam[2]:  # type: ignore[arg-type]
+                    decided[c] = fam[0]
+                else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
+                    special.add(c)
+                continue
             d = self._decide_deep(j)
             if d is None:
                 special.add(c)
