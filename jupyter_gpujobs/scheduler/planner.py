@@ -635,9 +635,14 @@ class _Cycle:
             return None  # it may start now, whatever its limit
         if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
             if not self._preempt_failed(j, k):
-                if j.priority == "urgent" or self._within_guarantee(j, k):
-                    return None  # it may preempt
-                self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
+                urgent = j.priority == "urgent"
+                if urgent or self._within_guarantee(j, k):
+                    index = self._victim_index(view, gt)
+                    if index is not None and index.any_for(j, urgent):
+                        return None  # it may preempt
+                    self._no_victims(j, k, index)  # as `_try_preempt` would find
+                else:
+                    self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
         why = self._waiting_reason(view, k, gt)
         self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
         return (why, k, gt, view, lims, True, low, high)
@@ -800,6 +805,38 @@ class _Cycle:
         failed = self.failed_preempt
         return k >= failed.get(_preempt_memo(j), INF) or k >= failed.get((j.gpu_type, None, None, j.priority), INF)
 
+    def _victim_index(self, view: View, gpu_type: str | None) -> VictimIndex | None:
+        """The running jobs on this view's GPUs that are borrowed or preemptible, indexed (None
+        when there are none)."""
+        cl = self.cluster
+        if self.candidates is None:
+            self.candidates = {}
+            for r in self.running:
+                if not (r.borrowed or r.preemptible) or r.host is None or not r.assigned_gpus:
+                    continue
+                p = cl.by_host_index.get((r.host, r.assigned_gpus[0]))
+                if p is not None:
+                    self.candidates.setdefault(p, []).append(r)
+        if not self.candidates:
+            return None
+        index = self.victim_index.get(gpu_type)
+        if index is None:
+            pids = set(view.pids)
+            index = self.victim_index[gpu_type] = VictimIndex(
+                [v for p, js in self.candidates.items() if p in pids for v in js])
+        return index
+
+    def _no_victims(self, j: Job, k: int, index: VictimIndex | None) -> None:
+        """Remember that a job within its rights found no victims for k GPUs."""
+        failed = self.failed_preempt
+        memo = _preempt_memo(j)
+        failed[memo] = min(k, failed.get(memo, k))
+        if index is not None and j.user not in index.users:
+            # nothing was kept from it for being its own, so no other user of its class
+            # could do better (the victims a job may take depend on nothing else)
+            wide = (j.gpu_type, None, None, j.priority)
+            failed[wide] = min(k, failed.get(wide, k))
+
     def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
         # victims and free GPUs only shrink, and GPUs in use only grow, during a walk: a
         # failed attempt (or a job beyond its guarantee) fails again
@@ -811,37 +848,18 @@ class _Cycle:
         if not urgent and not (self.quotas.any_guarantee and self._within_guarantee(j, k)):
             failed[memo] = min(k, failed.get(memo, k))
             return False
-        cl = self.cluster
-        if self.candidates is None:
-            self.candidates = {}
-            for r in self.running:
-                if not (r.borrowed or r.preemptible) or r.host is None or not r.assigned_gpus:
-                    continue
-                p = cl.by_host_index.get((r.host, r.assigned_gpus[0]))
-                if p is not None:
-                    self.candidates.setdefault(p, []).append(r)
-        if not self.candidates:
-            failed[memo] = min(k, failed.get(memo, k))
+        index = self._victim_index(view, j.gpu_type)
+        if index is None or not index.any_for(j, urgent):  # no running job it may take
+            self._no_victims(j, k, index)
             return False
-        index = self.victim_index.get(j.gpu_type)
-        if index is None:
-            pids = set(view.pids)
-            index = self.victim_index[j.gpu_type] = VictimIndex(
-                [v for p, js in self.candidates.items() if p in pids for v in js])
-        if not index.any_for(j, urgent):  # no running job it may take: as choose_victims finds
-            chosen = None
-        else:
-            pids = set(view.pids)
-            cands = {p: js for p, js in self.candidates.items() if p in pids and js}
-            free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
-            chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
+        cl = self.cluster
+        assert self.candidates is not None
+        pids = set(view.pids)
+        cands = {p: js for p, js in self.candidates.items() if p in pids and js}
+        free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
+        chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
         if chosen is None:
-            failed[memo] = min(k, failed.get(memo, k))
-            if j.user not in index.users:
-                # nothing was kept from it for being its own, so no other user of its class
-                # could do better (the victims a job may take depend on nothing else)
-                wide = (j.gpu_type, None, None, j.priority)
-                failed[wide] = min(k, failed.get(wide, k))
+            self._no_victims(j, k, index)
             return False
         p, victims = chosen
         why = "urgent" if urgent else f"guarantee of {self._guarantee_owner(j, k)}"
