@@ -205,6 +205,12 @@ class Store:
         "requeue": True, "offpeak": False, "name": "", "kind": "script", "gpus": 1, "priority": "normal",
     }
 
+    # the submit path's statements, built once: SQLAlchemy keeps each one's cache key
+    _JOB_COLUMNS = [c.name for c in JobRow.__table__.columns if c.name != "id"]
+    _INSERT_JOB = insert(JobRow.__table__)
+    _INSERT_EVENT = insert(EventRow.__table__)
+    _LAST_ROWID = select(func.last_insert_rowid())
+
     def add_jobs(self, specs: Sequence[dict[str, Any]], actor: str, now: float) -> list[Job]:
         """Insert new PENDING jobs with their "submitted" events, in one transaction."""
         return self.add_submissions([NewJobs(specs, actor, now)])[0]
@@ -218,7 +224,7 @@ class Store:
         ORM's unit of work cost more than the SQLite commit itself.
         """
         jobs_table = JobRow.__table__
-        columns = [c.name for c in jobs_table.columns if c.name != "id"]
+        columns = self._JOB_COLUMNS
         groups: list[list[dict[str, Any]]] = []
         for sub in submissions:
             rows = []
@@ -236,10 +242,10 @@ class Store:
                 # SQLite has no RETURNING whose rows follow the parameters, so SQLAlchemy would
                 # run one INSERT per job. One executemany instead: the transaction holds the
                 # database's only write lock, so its rows take consecutive ids, in order.
-                done = conn.execute(insert(jobs_table), params if len(params) > 1 else params[0])
+                done = conn.execute(self._INSERT_JOB, params if len(params) > 1 else params[0])
                 last = done.lastrowid if len(params) == 1 else None  # executemany sets none
                 if last is None:
-                    last = conn.execute(select(func.last_insert_rowid())).scalar_one()
+                    last = conn.execute(self._LAST_ROWID).scalar_one()
                 ids: Sequence[int] = range(last - len(params) + 1, last + 1)
             else:
                 insert_jobs = insert(jobs_table).returning(jobs_table.c.id, sort_by_parameter_order=True)
@@ -253,7 +259,7 @@ class Store:
                                  .values(array_job_id=array_id))
                     for values in rows:
                         values["array_job_id"] = array_id
-            conn.execute(insert(EventRow.__table__), [
+            conn.execute(self._INSERT_EVENT, [
                 {"job_id": values["id"], "time": sub.now, "state": "PENDING", "actor": sub.actor,
                  "reason": "submitted", "data": {}}
                 for sub, rows in zip(submissions, groups) for values in rows
