@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +37,26 @@ def job_owner(handler: JupyterHandler) -> str:
     return getattr(user, "username", None) or str(user)
 
 
+@lru_cache(maxsize=4)
+def _printing_level(log: logging.Logger) -> logging.Logger:
+    """A child of the server's log whose level is the lowest its handlers print. traitlets
+    leaves the server's logger at DEBUG and filters in its handlers, so jupyter_server's
+    request log (a debug line for every success) built a record for each API call only for
+    the handler to drop it."""
+    child = log.getChild("gpujobs")
+    if log.handlers:
+        child.setLevel(min(h.level for h in log.handlers) or logging.NOTSET)
+    return child
+
+
 class GPUJobsHandler(APIHandler):
     """Common parts: the service, the job owner, JSON bodies and error replies."""
 
     auth_resource = AUTH_RESOURCE
+
+    @property
+    def log(self) -> logging.Logger:
+        return _printing_level(super().log)
 
     @property
     def service(self) -> JobService:
