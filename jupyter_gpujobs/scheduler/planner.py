@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from heapq import heappop, heappush, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress, islice
 from operator import attrgetter
 
@@ -150,8 +150,7 @@ class _Cycle:
         self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
         self.default_limit = float(policy.default_time_limit_s)
         self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
-        for j in running:
-            self._account_running(j)
+        self._account_running(running)
 
     @cached_property
     def pending_by_id(self) -> dict[int, Job]:
@@ -223,14 +222,26 @@ class _Cycle:
             out = out + [(self.reserve_limit, True)]
         return out
 
-    def _account_running(self, j: Job) -> None:
-        n = len(j.assigned_gpus) if j.assigned_gpus else j.gpus
-        end = self.ends[j.id]
-        for lim, per_gpu in self._limits_of(j):
-            lim.add_running(end, n if per_gpu else 1)
-        self.user_gpus[j.user] = self.user_gpus.get(j.user, 0) + n
-        if j.group:
-            self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + n
+    def _account_running(self, running: Sequence[Job]) -> None:
+        """The running jobs' use of the limits, now and on the limits' time lines (each line
+        is filled, then made a heap once), and of GPUs per user and group."""
+        ends, user_gpus, group_gpus = self.ends, self.user_gpus, self.group_gpus
+        for j in running:
+            n = len(j.assigned_gpus) if j.assigned_gpus else j.gpus
+            end = ends[j.id]
+            for lim, per_gpu in self._limits_of(j):
+                a = n if per_gpu else 1
+                lim.now_used += a
+                lim.line_used += a
+                lim.line.append((end, a))
+            user_gpus[j.user] = user_gpus.get(j.user, 0) + n
+            if j.group:
+                group_gpus[j.group] = group_gpus.get(j.group, 0) + n
+        for lim in self.limits.values():
+            if lim is not None:
+                heapify(lim.line)
+        if self.reserve_limit is not None:
+            heapify(self.reserve_limit.line)
 
     # ------------------------------------------------------------------ the walk
     def run(self, pending: Sequence[Job], usage: Usage) -> Plan:
@@ -634,7 +645,9 @@ class _Cycle:
         if low == INF:
             return None  # it may start now, whatever its limit
         if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
-            if not self._preempt_failed(j, k):
+            failed = self.failed_preempt
+            memo = _preempt_memo(j)
+            if k < failed.get(memo, INF) and k < failed.get((gt, None, None, j.priority), INF):  # `_preempt_failed`
                 urgent = j.priority == "urgent"
                 if urgent or self._within_guarantee(j, k):
                     index = self._victim_index(view, gt)
@@ -642,7 +655,7 @@ class _Cycle:
                         return None  # it may preempt
                     self._no_victims(j, k, index)  # as `_try_preempt` would find
                 else:
-                    self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
+                    failed[memo] = k  # beyond its guarantee: as in _try_preempt
         why = self._waiting_reason(view, k, gt)
         self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
         return (why, k, gt, view, lims, True, low, high)

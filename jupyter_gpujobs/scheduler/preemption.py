@@ -30,10 +30,11 @@ class VictimIndex:
     """Whether any of some running jobs `may_preempt` would allow a preemptor to take, in a
     few set lookups instead of one call per job: most failed attempts fail for want of any."""
 
-    __slots__ = ("users", "borrowed_users", "preemptible_users", "lowest_rank")
+    __slots__ = ("users", "borrowed_users", "preemptible_users", "lowest_rank", "answers")
 
     def __init__(self, jobs: Sequence[Job]):
         self.users = {j.user for j in jobs}
+        self.answers: dict[tuple[str, str, bool], bool] = {}
         self.borrowed_users: dict[str, int] = {}  # user -> borrowed jobs that are not urgent
         self.preemptible_users: dict[int, dict[str, int]] = {}  # class rank -> user -> jobs, not borrowed
         self.lowest_rank = 99  # of the jobs that are borrowed or preemptible
@@ -50,10 +51,15 @@ class VictimIndex:
 
     def any_for(self, preemptor: Job, urgent: bool) -> bool:
         """Is `may_preempt(job, preemptor, urgent)` true for one of the jobs?"""
-        rank = PRIORITY_RANK.get(preemptor.priority, 1)
+        key = (preemptor.user, preemptor.priority, urgent)
+        answer = self.answers.get(key)
+        if answer is None:
+            answer = self.answers[key] = self._any_for(preemptor.user, PRIORITY_RANK.get(preemptor.priority, 1), urgent)
+        return answer
+
+    def _any_for(self, me: str, rank: int, urgent: bool) -> bool:
         if urgent:
             return self.lowest_rank < rank
-        me = preemptor.user
 
         def others(users: dict[str, int]) -> bool:
             return len(users) > 1 or (len(users) == 1 and me not in users)

@@ -9,7 +9,7 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import compress
 from operator import attrgetter, itemgetter
@@ -156,7 +156,11 @@ class QueueOrder:
             alive = list(map(by_id.__contains__, ids))
             keys, cids, ids = list(compress(keys, alive)), list(compress(cids, alive)), list(compress(ids, alive))
         if len(ids) < len(by_id):
-            new = sorted(by_id.keys() - set(ids))
+            # the new ids: usually all above the order's highest (new submissions), found on
+            # the sorted ids (nearly sorted already); else (requeued jobs) by set difference
+            every = sorted(by_id)
+            above = every[bisect_right(every, max(ids, default=-1)):]
+            new = above if len(above) == len(by_id) - len(ids) else sorted(by_id.keys() - set(ids))
             keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
             order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids)
