@@ -336,3 +336,39 @@ def test_the_victim_index_finds_a_victim_exactly_when_may_preempt_does() -> None
         for urgent in (False, True):
             expected = any(may_preempt(r, preemptor, urgent) for r in running)
             assert index.any_for(preemptor, urgent) == expected, (running, preemptor, urgent)
+
+
+def test_on_a_full_cluster_the_deciding_cycle_matches_the_detailed_walk_of_every_job() -> None:
+    """The deep walk decides by class and family, asks the victim index instead of each
+    running job, and writes reasons in bulk. On a full cluster nothing may start but by
+    preemption, so its starts, preemptions and reasons must be those of the detailed walk
+    with no depth (every job placed one by one): an oracle that shares none of those shortcuts."""
+    import random
+
+    from jupyter_gpujobs.model import Quota
+
+    guarantees = Policy(urgent_reserve_gpus=4, group_quotas={"g0": Quota(guaranteed_gpus=8), "g1": Quota(guaranteed_gpus=4)})
+    policies = [replace(guarantees, user_max_running_jobs=6, user_max_gpus=10), guarantees,
+                replace(guarantees, preemption=False)]
+    preempted = 0
+    reasons: set[str] = set()
+    for seed in range(8):
+        pending, running, inv = _random_snapshot(seed, 6, 300)
+        rnd = random.Random(seed)
+        busy = {(r.host, i) for r in running for i in r.assigned_gpus}
+        running += [Job(id=5000 + n, user=f"u{rnd.randrange(6)}", gpus=1, state=JobState.RUNNING, host=g.host,
+                        assigned_gpus=(g.index,), started_at=NOW - rnd.uniform(0, 3000), time_limit_s=3600,
+                        submitted_at=NOW - 5000, preemptible=rnd.random() < 0.3, borrowed=rnd.random() < 0.2)
+                    for n, g in enumerate(inv) if (g.host, g.index) not in busy]
+        for pol in policies:
+            detailed = schedule(NOW, pending, running, inv, replace(pol, reservation_depth=None))
+            for depth in (0, 3, 20):
+                quick = schedule(NOW, pending, running, inv, replace(pol, reservation_depth=depth), estimate=False)
+                assert quick.starts == detailed.starts and quick.preemptions == detailed.preemptions, (seed, depth)
+                assert quick.reasons == detailed.reasons, (seed, depth)
+            preempted += len(detailed.preemptions)
+            reasons |= {r.split(" job")[0] for r in detailed.reasons.values()}
+    assert preempted > 20  # the snapshots do exercise preemption
+    # and every kind of wait: a limit, the urgent reserve, a begin time, free GPUs, victims
+    assert {"user limit of 6 running", "the last 4 GPUs are kept for urgent", "begins at 22:23",
+            "waiting for 1 free GPU", "waiting for 8 free H100", "waiting for preempted"} <= reasons, reasons
