@@ -372,3 +372,30 @@ def test_on_a_full_cluster_the_deciding_cycle_matches_the_detailed_walk_of_every
     # and every kind of wait: a limit, the urgent reserve, a begin time, free GPUs, victims
     assert {"user limit of 6 running", "the last 4 GPUs are kept for urgent", "begins at 22:23",
             "waiting for 1 free GPU", "waiting for 8 free H100", "waiting for preempted"} <= reasons, reasons
+
+
+def test_a_queue_of_deferred_jobs_is_decided_in_bulk_as_one_by_one() -> None:
+    """Jobs that begin later only wait for their begin time, each in its own class. With
+    backfill the deciding cycle decides them in bulk even when no job is blocked, and must
+    give the reasons of the detailed walk of every job."""
+    import random
+
+    from jupyter_gpujobs.model import Quota
+
+    rnd = random.Random(3)
+    inv = gpus(hosts=2)
+    pending = [job(i, gpus=rnd.choice((1, 1, 2, 4)), user=f"u{rnd.randrange(4)}", limit=rnd.choice((600, 3600)),
+                   begin=NOW + rnd.uniform(60, 3 * 86400)) for i in range(1, 301)]
+    pending += [job(400, gpus=2), job(401, gpus=1, begin=NOW - 60),  # these two start now
+                job(402, gpus=9),  # more than a host has
+                job(403, limit=7 * 86400, begin=NOW + 600)]  # over its user's maximum time limit
+    for pol in (Policy(default_user_quota=Quota(max_time_limit_s=86400)),
+                Policy(default_user_quota=Quota(max_time_limit_s=86400), backfill=False)):
+        detailed = schedule(NOW, pending, [], inv, replace(pol, reservation_depth=None))
+        assert sorted(started(detailed)) == [400, 401]
+        for depth in (0, 5):
+            quick = schedule(NOW, pending, [], inv, replace(pol, reservation_depth=depth), estimate=False)
+            assert started(quick) == started(detailed)  # (on other GPUs: no reservations to keep clear)
+            assert quick.reasons == detailed.reasons, (pol.backfill, depth)
+    assert detailed.reasons[7].startswith("begins at ") and "maximum" in detailed.reasons[403]
+    assert "one host has at most 8" in detailed.reasons[402]

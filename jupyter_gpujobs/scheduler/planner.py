@@ -475,7 +475,8 @@ class _Cycle:
         job of one class (`job_class`) while the free GPUs, the limits in use and the jobs
         named in reasons stay the same, so it is made once per class and reused until one of
         them changes: over a deep queue most jobs cost one dictionary lookup."""
-        if not self.estimate and self.fifo_blocked is not None and self.top_reserved is not None:
+        # (with backfill the first blocked job names nothing and decides nothing: see `_waiting_reason`)
+        if not self.estimate and self.top_reserved is not None and (self.fifo_blocked is not None or self.policy.backfill):
             resume = self._decide_deep_bulk(ordered, classes, first, waiting_dep, later)
             if resume is None:
                 return
@@ -544,10 +545,23 @@ class _Cycle:
         keys = self.plan.queue_order.class_keys()
         families: dict[tuple[object, ...], tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
+        now, off = self.now, self.policy.utc_offset_s
         for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
             priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
             if depends:
                 special.add(c)
+                continue
+            if not offpeak and begin is not None and begin > now:  # type: ignore[operator]
+                # it only waits for its begin time (`_deep_family`), if it may run here at all
+                fk = (priority, user, group, k, gt, aid, amr, "begin")
+                fam = families.get(fk, False)
+                if fam is False:
+                    fd = self._deep_family(j)
+                    fam = families[fk] = None if fd is None else ("", fd[6], fd[7])
+                if fam is not None and fam[1] <= float(tl or default_limit) <= fam[2]:  # type: ignore[arg-type]
+                    decided[c] = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
+                else:
+                    special.add(c)
                 continue
             if not offpeak and begin is None:
                 fk = (priority, user, group, k, gt, aid, amr)
