@@ -551,26 +551,16 @@ class _Cycle:
             if depends:
                 special.add(c)
                 continue
-            if not offpeak and begin is not None and begin > now:  # type: ignore[operator]
-                # it only waits for its begin time (`_deep_family`), if it may run here at all
-                fk = (priority, user, group, k, gt, aid, amr, "begin")
-                fam = families.get(fk, False)
-                if fam is False:
-                    fd = self._deep_family(j)
-                    fam = families[fk] = None if fd is None else ("", fd[6], fd[7])
-                if fam is not None and fam[1] <= float(tl or default_limit) <= fam[2]:  # type: ignore[arg-type]
-                    decided[c] = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
-                else:
-                    special.add(c)
-                continue
-            if not offpeak and begin is None:
-                fk = (priority, user, group, k, gt, aid, amr)
+            deferred = begin is not None and begin > now  # type: ignore[operator]
+            if not offpeak and (begin is None or deferred):
+                # a deferred job only waits for its begin time (`_deep_family`), if it may run here
+                fk = (priority, user, group, k, gt, aid, amr, deferred)
                 fam = families.get(fk, False)
                 if fam is False:
                     fd = self._deep_family(j)
                     fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
                 if fam is not None and fam[1] <= float(tl or default_limit) <= fam[2]:  # type: ignore[arg-type]
-                    decided[c] = fam[0]
+                    decided[c] = f"begins at {clock_text(begin, now, off)}" if deferred else fam[0]  # type: ignore[arg-type]
                 else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
                     special.add(c)
                 continue
@@ -659,9 +649,7 @@ class _Cycle:
         if low == INF:
             return None  # it may start now, whatever its limit
         if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
-            failed = self.failed_preempt
-            memo = _preempt_memo(j)
-            if k < failed.get(memo, INF) and k < failed.get((gt, None, None, j.priority), INF):  # `_preempt_failed`
+            if not self._preempt_failed(j, k):
                 urgent = j.priority == "urgent"
                 if urgent or self._within_guarantee(j, k):
                     index = self._victim_index(view, gt)
@@ -669,7 +657,7 @@ class _Cycle:
                         return None  # it may preempt
                     self._no_victims(j, k, index)  # as `_try_preempt` would find
                 else:
-                    failed[memo] = k  # beyond its guarantee: as in _try_preempt
+                    self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
         why = self._waiting_reason(view, k, gt)
         self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
         return (why, k, gt, view, lims, True, low, high)

@@ -30,13 +30,12 @@ class VictimIndex:
     """Whether any of some running jobs `may_preempt` would allow a preemptor to take, in a
     few set lookups instead of one call per job: most failed attempts fail for want of any."""
 
-    __slots__ = ("users", "borrowed_users", "preemptible_users", "lowest_rank", "answers")
+    __slots__ = ("users", "borrowed_users", "preemptible_users", "lowest_rank")
 
     def __init__(self, jobs: Sequence[Job]):
         self.users = {j.user for j in jobs}
-        self.answers: dict[tuple[str, str, bool], bool] = {}
-        self.borrowed_users: dict[str, int] = {}  # user -> borrowed jobs that are not urgent
-        self.preemptible_users: dict[int, dict[str, int]] = {}  # class rank -> user -> jobs, not borrowed
+        self.borrowed_users: set[str] = set()  # users of borrowed jobs that are not urgent
+        self.preemptible_users: dict[int, set[str]] = {}  # class rank -> users of preemptible jobs, not borrowed
         self.lowest_rank = 99  # of the jobs that are borrowed or preemptible
         for j in jobs:
             rank = PRIORITY_RANK.get(j.priority, 1)
@@ -44,28 +43,22 @@ class VictimIndex:
                 self.lowest_rank = min(self.lowest_rank, rank)
             if j.borrowed:
                 if j.priority != "urgent":
-                    self.borrowed_users[j.user] = self.borrowed_users.get(j.user, 0) + 1
+                    self.borrowed_users.add(j.user)
             elif j.preemptible:
-                users = self.preemptible_users.setdefault(rank, {})
-                users[j.user] = users.get(j.user, 0) + 1
+                self.preemptible_users.setdefault(rank, set()).add(j.user)
 
     def any_for(self, preemptor: Job, urgent: bool) -> bool:
         """Is `may_preempt(job, preemptor, urgent)` true for one of the jobs?"""
-        key = (preemptor.user, preemptor.priority, urgent)
-        answer = self.answers.get(key)
-        if answer is None:
-            answer = self.answers[key] = self._any_for(preemptor.user, PRIORITY_RANK.get(preemptor.priority, 1), urgent)
-        return answer
-
-    def _any_for(self, me: str, rank: int, urgent: bool) -> bool:
+        rank = PRIORITY_RANK.get(preemptor.priority, 1)
         if urgent:
             return self.lowest_rank < rank
+        me = preemptor.user
+        return _someone_else(self.borrowed_users, me) or any(
+            _someone_else(users, me) for r, users in self.preemptible_users.items() if r < rank)
 
-        def others(users: dict[str, int]) -> bool:
-            return len(users) > 1 or (len(users) == 1 and me not in users)
 
-        return others(self.borrowed_users) or any(
-            others(users) for r, users in self.preemptible_users.items() if r < rank)
+def _someone_else(users: set[str], me: str) -> bool:
+    return len(users) > 1 or (len(users) == 1 and me not in users)
 
 
 def choose_victims(now: float, preemptor: Job, k: int, candidates: dict[int, list[Job]],
