@@ -45,7 +45,7 @@ def _printing_level(log: logging.Logger) -> logging.Logger:
     the handler to drop it."""
     child = log.getChild("gpujobs")
     if log.handlers:
-        child.setLevel(min(h.level for h in log.handlers) or logging.NOTSET)
+        child.setLevel(min(h.level for h in log.handlers))
     return child
 
 

@@ -153,10 +153,13 @@ def _driver_insert_plan(table: Table, dialect: Dialect
     return compiled.string, itemgetter(*keys), [(n, proc) for n, proc in processors if proc is not None]
 
 
-def _driver_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    """Insert rows (each with every column but the id) with one DBAPI executemany, converting
-    values as SQLAlchemy would: the submit path on SQLite, where going through
-    `Connection.execute` cost more than SQLite's own work."""
+def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Insert rows, each with every column but the id. On SQLite (the submit path) with one
+    DBAPI executemany, converting values as SQLAlchemy would: going through
+    `Connection.execute` cost more there than SQLite's own work."""
+    if conn.dialect.name != "sqlite":
+        conn.execute(insert(table), rows)
+        return
     sql, values_of, processors = _driver_insert_plan(table, conn.dialect)
     params = []
     for row in rows:
@@ -234,9 +237,7 @@ class Store:
         "requeue": True, "offpeak": False, "name": "", "kind": "script", "gpus": 1, "priority": "normal",
     }
 
-    # the submit path's statements, built once: SQLAlchemy keeps each one's cache key
     _JOB_COLUMNS = [c.name for c in JobRow.__table__.columns if c.name != "id"]
-    _INSERT_EVENT = insert(EventRow.__table__)
 
     def add_jobs(self, specs: Sequence[dict[str, Any]], actor: str, now: float) -> list[Job]:
         """Insert new PENDING jobs with their "submitted" events, in one transaction."""
@@ -269,7 +270,7 @@ class Store:
                 # SQLite has no RETURNING whose rows follow the parameters, so SQLAlchemy would
                 # run one INSERT per job. One executemany instead: the transaction holds the
                 # database's only write lock, so its rows take consecutive ids, in order.
-                _driver_insert(conn, JobRow.__table__, params)
+                _insert_rows(conn, jobs_table, params)
                 last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
                 ids: Sequence[int] = range(last - len(params) + 1, last + 1)
             else:
@@ -287,10 +288,7 @@ class Store:
             events = [{"job_id": values["id"], "time": sub.now, "state": "PENDING", "actor": sub.actor,
                        "reason": "submitted", "data": {}}
                       for sub, rows in zip(submissions, groups) for values in rows]
-            if conn.dialect.name == "sqlite":
-                _driver_insert(conn, EventRow.__table__, events)
-            else:
-                conn.execute(self._INSERT_EVENT, events)
+            _insert_rows(conn, EventRow.__table__, events)
         return [[_job_from_values(v) for v in rows] for rows in groups]
 
     def update_job(self, job_id: int, **fields: Any) -> None:
