@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +372,17 @@ def _nvml_has_gpus() -> bool:
         return False
 
 
+@contextmanager
+def _panel_of_own_lab(page: Any, tmp: Path, env: dict[str, str]) -> Iterator[Any]:
+    """Start a Lab of its own with `env`, open the panel in `page`, stop the Lab after."""
+    lab = start_lab(tmp, env=env)
+    try:
+        open_lab(page, lab.url)
+        yield open_panel(page)
+    finally:
+        stop_lab(lab)
+
+
 def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
     """A server without GPUs says so; a server without the engine says what to do."""
     context = browser.new_context(viewport={"width": 1200, "height": 800})
@@ -380,26 +392,18 @@ def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
             if not _nvml_has_gpus():
                 env = isolated_env(tmp_path / "nogpu")
                 env.pop("GPUJOBS_FAKE_GPUS")
-                nogpu = start_lab(tmp_path / "nogpu", env=env)
-                try:
-                    open_lab(page, nogpu.url)
-                    panel = open_panel(page)
+                with _panel_of_own_lab(page, tmp_path / "nogpu", env) as panel:
                     empty = panel.locator(".jp-GPUJobs-section-gpus .jp-GPUJobs-empty")
                     empty.wait_for(timeout=10000)
                     assert "No GPUs on this server" in empty.inner_text()
                     assert "GPUJOBS_FAKE_GPUS" in empty.inner_text()
                     screenshot(page, "panel-no-gpus", panel)
-                finally:
-                    stop_lab(nogpu)
             env = isolated_env(tmp_path / "noengine")
             cfg = Path(env["JUPYTER_CONFIG_DIR"])
             cfg.mkdir(parents=True, exist_ok=True)
             (cfg / "jupyter_server_config.json").write_text(
                 json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_gpujobs": False}}}))
-            noengine = start_lab(tmp_path / "noengine", env=env)
-            try:
-                open_lab(page, noengine.url)
-                panel = open_panel(page)
+            with _panel_of_own_lab(page, tmp_path / "noengine", env) as panel:
                 error = panel.locator(".jp-GPUJobs-error")
                 error.wait_for(timeout=10000)
                 text = error.inner_text()
@@ -407,7 +411,5 @@ def test_empty_and_unreachable_states(browser: Any, tmp_path: Path) -> None:
                 assert "jupyter server extension enable jupyter_gpujobs" in text
                 assert "engine unreachable" in status_text(page)
                 screenshot(page, "panel-unreachable", panel)
-            finally:
-                stop_lab(noengine)
     finally:
         context.close()
