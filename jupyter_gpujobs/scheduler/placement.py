@@ -92,7 +92,8 @@ class Cluster:
         v = self.views.get(gpu_type)
         if v is not None:
             return v
-        pids = [p for p, name in enumerate(self.pool_name) if gpu_matches_type(name, gpu_type)]
+        matches = {name: gpu_matches_type(name, gpu_type) for name in set(self.pool_name)}  # a few models
+        pids = [p for p, name in enumerate(self.pool_name) if matches[name]]
         v = View(pids, self.sizes, f"{gpu_type} GPUs" if gpu_type else "GPUs")
         v.label = gpu_type if gpu_type else "GPUs"
         for pos, p in enumerate(pids):
