@@ -10,10 +10,10 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
-from itertools import compress
+from collections.abc import Callable, Mapping, Sequence
+from itertools import compress, islice
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ..model import PRIORITY_RANK, Job, Policy
 from .fairshare import Usage, fairshare_factors
@@ -34,6 +34,7 @@ job_class = attrgetter("priority", "user", "group", "gpus", "gpu_type", "time_li
                        "array_max_running", "offpeak", "begin", "depends")
 
 Key = tuple[float, float, int]  # (-(score, class tier first), submit time, id): smaller first
+T = TypeVar("T")
 
 
 class _Calc(NamedTuple):
@@ -59,11 +60,11 @@ class QueueOrder:
     pending and puts new ones (and requeued ones) where the same calculation puts them.
     Immutable: `arrange` returns the order it used without changing this one."""
 
-    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "_ids")
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "_ids", "_top", "_tables")
 
     def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
                  const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]],
-                 ids: list[int] | None = None):
+                 ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None):  # type: ignore[type-arg]
         self.keys = keys  # sorted
         self.cids = cids  # the class number of each key's job
         self.classes = classes  # job_class -> class number
@@ -71,6 +72,10 @@ class QueueOrder:
         self.calc = calc
         self.fs = fs  # fair-share factors per user and per group
         self._ids = ids  # each key's job id, when known
+        self._top: int | None = None  # the highest of them, when known
+        # `per_class` tables of the calculation's classes (how many, and the tables), shared by
+        # every order arranged from it
+        self._tables = (len(classes), {}) if shared is None else shared
 
     @classmethod
     def compute(cls, now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
@@ -135,6 +140,25 @@ class QueueOrder:
         """The `job_class` of each class number."""
         return list(self.classes)  # insertion order: class numbers are given in order
 
+    def per_class(self, name: str, make: Callable[[tuple[object, ...]], T]) -> list[T]:
+        """`make(job_class)` of each class number. Kept for the classes it was first made for:
+        every order arranged from one calculation numbers them alike (arranging only adds
+        classes), so a caller that runs every cycle makes them once per calculation, and
+        each cycle makes only its new classes'. `make` must depend on the class alone."""
+        n, tables = self._tables
+        table = tables.get(name)
+        if table is None:
+            table = tables[name] = list(map(make, islice(self.classes, n)))
+        if n < len(self.classes):
+            return table + list(map(make, islice(self.classes, n, None)))
+        return table
+
+    def _highest(self) -> int:
+        """The highest job id this order was made with (-1 for none)."""
+        if self._top is None:
+            self._top = max(self.ids(), default=-1)
+        return self._top
+
     def ids(self) -> list[int]:
         """The job ids in this order (read-only: it is shared with the orders arranged from
         this one). Read from the keys once: cheaper than from the jobs, which lie in memory in
@@ -152,20 +176,24 @@ class QueueOrder:
         if by_id is None:
             by_id = dict(zip(map(_id, jobs), jobs))
         keys, cids, ids = self.keys, self.cids, self.ids()
-        if not all(map(by_id.__contains__, ids)):  # some left: drop them
-            alive = list(map(by_id.__contains__, ids))
+        top = self._highest()
+        ordered = list(map(by_id.get, ids))
+        if not all(ordered):  # some left (a Job is always true, a missing one None): drop them
+            alive = list(map(bool, ordered))
             keys, cids, ids = list(compress(keys, alive)), list(compress(cids, alive)), list(compress(ids, alive))
+            ordered = list(compress(ordered, alive))
         if len(ids) < len(by_id):
             # the new ids: usually all above the order's highest (new submissions), found on
             # the sorted ids (nearly sorted already); else (requeued jobs) by set difference
             every = sorted(by_id)
-            above = every[bisect_right(every, max(ids, default=-1)):]
+            above = every[bisect_right(every, top):]
             new = above if len(above) == len(by_id) - len(ids) else sorted(by_id.keys() - set(ids))
             keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
-            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids)
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables)
             for i in new:
-                placed = order.key(by_id[i])
+                j = by_id[i]
+                placed = order.key(j)
                 if placed is None:
                     return None
                 k, cid = placed
@@ -173,10 +201,12 @@ class QueueOrder:
                 keys.insert(at, k)
                 cids.insert(at, cid)
                 ids.insert(at, i)
+                ordered.insert(at, j)
+            order._top = max(top, new[-1])
         else:
-            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids)
-        return list(map(by_id.__getitem__, ids)), cids, order
-
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables)
+            order._top = top
+        return ordered, cids, order
 
 _key_id = itemgetter(2)
 
