@@ -9,9 +9,10 @@ can answer 400 with a message a person can act on.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from itertools import compress
 from typing import Any
 
 
@@ -399,6 +400,64 @@ class Preemption:
     reason: str  # e.g. "preempted by job 42 (guarantee of group vision)"
 
 
+class Reasons(MutableMapping[int, str]):
+    """Why each still-pending job waits: job id -> reason, as a dictionary.
+
+    A planner gives most of a deep queue's reasons one per class of jobs (`add_by_class`):
+    they become entries when the mapping is first read, so a cycle whose reasons nobody reads
+    does not write one entry per job. A reason set for a job itself wins over its class's."""
+
+    __slots__ = ("_own", "_by_class")
+
+    def __init__(self, reasons: Mapping[int, str] | None = None):
+        self._own: dict[int, str] = dict(reasons or {})
+        self._by_class: list[tuple[Sequence[int], Sequence[int], Mapping[int, str]]] = []
+
+    def add_by_class(self, ids: Sequence[int], classes: Sequence[int], reason_of: Mapping[int, str]) -> None:
+        """Job ids[n] waits for reason_of[classes[n]] (no reason when its class has none).
+        `reason_of` must not change afterwards."""
+        self._by_class.append((ids, classes, reason_of))
+
+    def _all(self) -> dict[int, str]:
+        if self._by_class:
+            out: dict[int, str] = {}
+            for ids, classes, reason_of in self._by_class:
+                has = list(map(reason_of.__contains__, classes))
+                out.update(zip(compress(ids, has), map(reason_of.__getitem__, compress(classes, has))))
+            out.update(self._own)
+            self._own, self._by_class = out, []
+        return self._own
+
+    def __getitem__(self, job_id: int) -> str:
+        return self._all()[job_id]
+
+    def get(self, job_id: int, default: Any = None) -> Any:  # type: ignore[override]
+        return self._all().get(job_id, default)
+
+    def __setitem__(self, job_id: int, reason: str) -> None:
+        self._own[job_id] = reason
+
+    def __delitem__(self, job_id: int) -> None:
+        del self._all()[job_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._all()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Reasons):
+            other = other._all()
+        return self._all() == other if isinstance(other, Mapping) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Reasons({self._all()!r})"
+
+
 @dataclass
 class Plan:
     """What one scheduling cycle decided."""
@@ -406,7 +465,7 @@ class Plan:
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     order: list[int] = field(default_factory=list)  # pending job ids in scheduling order
-    reasons: dict[int, str] = field(default_factory=dict)  # why each still-pending job waits
+    reasons: Reasons = field(default_factory=Reasons)  # why each still-pending job waits
     expected_start: dict[int, float | None] = field(default_factory=dict)
     cancels: list[tuple[int, str]] = field(default_factory=list)  # e.g. afterok dependency failed
     # the priority order this cycle used (scheduler.priority.QueueOrder), for the next cycles

@@ -399,3 +399,19 @@ def test_a_queue_of_deferred_jobs_is_decided_in_bulk_as_one_by_one() -> None:
             assert quick.reasons == detailed.reasons, (pol.backfill, depth)
     assert detailed.reasons[7].startswith("begins at ") and "maximum" in detailed.reasons[403]
     assert "one host has at most 8" in detailed.reasons[402]
+
+
+def test_reasons_given_by_class_read_as_a_dictionary_of_each_job() -> None:
+    """The deep walk gives reasons one per class; a reader sees one per job, and a reason the
+    walk set for the job itself wins over its class's."""
+    from jupyter_gpujobs.model import Reasons
+
+    reasons = Reasons({1: "waiting for job 9 (afterok)"})
+    reasons.add_by_class([1, 2, 3, 4], [0, 1, 0, 2], {0: "waiting for 1 free GPU", 2: "behind job 7 (reserved)"})
+    reasons[3] = "user limit of 4 GPUs reached"
+    expected = {1: "waiting for job 9 (afterok)", 3: "user limit of 4 GPUs reached", 4: "behind job 7 (reserved)"}
+    assert reasons == expected and expected == reasons
+    assert 2 not in reasons and reasons.get(2) is None and len(reasons) == 3  # its class has no reason
+    del reasons[4]
+    reasons[5] = "waiting"
+    assert dict(reasons) == {1: "waiting for job 9 (afterok)", 3: "user limit of 4 GPUs reached", 5: "waiting"}

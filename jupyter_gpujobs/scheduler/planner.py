@@ -17,11 +17,11 @@ failed preemption attempts are memoised the same way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress, islice
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from ..model import GPU, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
@@ -80,6 +80,26 @@ def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
     if j.priority == "urgent":
         return (j.gpu_type, None, None, "urgent")
     return (j.gpu_type, j.user, j.group, j.priority)
+
+
+def _family_maker() -> Callable[[tuple[object, ...]], object]:
+    """The family of a `job_class` (`_Cycle._deep_family`), for `QueueOrder.per_class`: a token
+    that the classes differing only in their time limit share, or None for a class decided
+    from its key in each cycle (dependencies, off-peak, a begin time). Classes added to an
+    order later (`per_class` makes theirs in each cycle) may get another token for the same
+    family: it is then decided once per token, with the same outcome."""
+    tokens: dict[tuple[object, ...], object] = {}
+
+    def family(c: tuple[object, ...]) -> object:
+        priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+        if depends or offpeak or begin is not None:
+            return None
+        return tokens.setdefault((priority, user, group, k, gt, aid, amr), object())
+
+    return family
+
+
+_class_limit = itemgetter(5)  # the time limit in a `job_class`
 
 
 class _Cycle:
@@ -537,46 +557,58 @@ class _Cycle:
         are left to that walk: returns where it resumes (None when all is done).
 
         Classes that differ only in their time limit are one family (`_deep_family`): it is
-        decided once, and each class checks only that its limit lies in the family's range,
-        read from the class key (the jobs themselves lie in memory out of queue order)."""
+        decided once, and each class checks only that its limit lies in the family's range.
+        Each class's family and limit come from tables kept with the priority order
+        (`QueueOrder.per_class`), made once per priority calculation, not from the jobs
+        (which lie in memory out of queue order). The reasons are given by class
+        (`Reasons.add_by_class`): one entry per job is written only when someone reads them."""
         jobs, cls = ordered[first:], classes[first:]
         decided: dict[int, str] = {}
         special: set[int] = set()
-        keys = self.plan.queue_order.class_keys()
-        families: dict[tuple[object, ...], tuple[str, float, float] | None] = {}
+        order = self.plan.queue_order
+        family_of = order.per_class("planner.family", _family_maker())
+        limit_of = order.per_class("planner.limit", _class_limit)
+        keys: list[tuple[object, ...]] | None = None
+        families: dict[object, tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
         now, off = self.now, self.policy.utc_offset_s
         for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
-            priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
-            if depends:
-                special.add(c)
-                continue
-            deferred = begin is not None and begin > now  # type: ignore[operator]
-            if not offpeak and (begin is None or deferred):
-                # a deferred job only waits for its begin time (`_deep_family`), if it may run here
-                fk = (priority, user, group, k, gt, aid, amr, deferred)
-                fam = families.get(fk, False)
-                if fam is False:
-                    fd = self._deep_family(j)
-                    fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
-                if fam is not None and fam[1] <= float(tl or default_limit) <= fam[2]:  # type: ignore[arg-type]
-                    decided[c] = f"begins at {clock_text(begin, now, off)}" if deferred else fam[0]  # type: ignore[arg-type]
-                else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
+            fk: object = family_of[c]
+            begins: str | None = None
+            if fk is None:  # dependencies, off-peak or a begin time: from the class key
+                if keys is None:
+                    keys = order.class_keys()
+                priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
+                if depends:
                     special.add(c)
-                continue
-            d = self._decide_deep(j)
-            if d is None:
+                    continue
+                if offpeak or begin <= now:  # type: ignore[operator]
+                    d = self._decide_deep(j)
+                    if d is None:
+                        special.add(c)
+                    else:
+                        decided[c] = d[0]
+                    continue
+                # a deferred job only waits for its begin time (`_deep_family`), if it may run here
+                fk = (priority, user, group, k, gt, aid, amr)
+                begins = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
+            fam = families.get(fk, False)
+            if fam is False:
+                fd = self._deep_family(j)
+                fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
+            if fam is not None and fam[1] <= (limit_of[c] or default_limit) <= fam[2]:
+                decided[c] = fam[0] if begins is None else begins
+            else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
                 special.add(c)
-            else:
-                decided[c] = d[0]
         reasons = self.plan.reasons
-        # the ids from plan.order, not from the jobs: a job read in queue order is a cache miss
-        reasons.update(zip(self.plan.order[first:], map(decided.get, cls)))  # type: ignore[arg-type]
+        # the decided classes' jobs wait for their class's reason (the ids from plan.order, not
+        # from the jobs: a job read in queue order is a cache miss); the others get their own
+        ids = self.plan.order[first:]
         if not special:
+            reasons.add_by_class(ids, cls, decided)
             return None
         rest = list(compress(range(len(cls)), map(special.__contains__, cls)))
-        for n in rest:  # no reason yet: each gets its own (a started job none)
-            del reasons[jobs[n].id]
+        by_class = dict(decided)  # the walk below may decide more classes, for its own jobs
         for n in rest:
             j = jobs[n]
             if waiting_dep and j.id in waiting_dep:
@@ -594,7 +626,10 @@ class _Cycle:
             state = (self.gen, self.fifo_blocked, self.top_reserved)
             self._place_now(j)
             if state != (self.gen, self.fifo_blocked, self.top_reserved):
+                # the walk job by job gives the jobs after it their own reasons (or a start)
+                reasons.add_by_class(ids[:n + 1], cls[:n + 1], by_class)
                 return first + n + 1
+        reasons.add_by_class(ids, cls, by_class)
         return None
 
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
