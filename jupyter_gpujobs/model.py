@@ -411,19 +411,21 @@ class Reasons(MutableMapping[int, str]):
 
     def __init__(self, reasons: Mapping[int, str] | None = None):
         self._own: dict[int, str] = dict(reasons or {})
-        self._by_class: list[tuple[Sequence[int], Sequence[int], Mapping[int, str]]] = []
+        self._by_class: list[tuple[Sequence[int], Sequence[int], Mapping[int, str], int, int]] = []
 
-    def add_by_class(self, ids: Sequence[int], classes: Sequence[int], reason_of: Mapping[int, str]) -> None:
-        """Job ids[n] waits for reason_of[classes[n]] (no reason when its class has none).
-        `reason_of` must not change afterwards."""
-        self._by_class.append((ids, classes, reason_of))
+    def add_by_class(self, ids: Sequence[int], classes: Sequence[int], reason_of: Mapping[int, str],
+                     start: int = 0, stop: int | None = None) -> None:
+        """Job ids[n] waits for reason_of[classes[n]] (no reason when its class has none), for
+        n in range(start, stop). The three must not change afterwards."""
+        self._by_class.append((ids, classes, reason_of, start, len(ids) if stop is None else stop))
 
     def _all(self) -> dict[int, str]:
         if self._by_class:
             out: dict[int, str] = {}
-            for ids, classes, reason_of in self._by_class:
-                has = list(map(reason_of.__contains__, classes))
-                out.update(zip(compress(ids, has), map(reason_of.__getitem__, compress(classes, has))))
+            for ids, classes, reason_of, start, stop in self._by_class:
+                cls = classes[start:stop]
+                has = list(map(reason_of.__contains__, cls))
+                out.update(zip(compress(ids[start:stop], has), map(reason_of.__getitem__, compress(cls, has))))
             out.update(self._own)
             self._own, self._by_class = out, []
         return self._own

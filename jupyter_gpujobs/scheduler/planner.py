@@ -562,7 +562,6 @@ class _Cycle:
         (`QueueOrder.per_class`), made once per priority calculation, not from the jobs
         (which lie in memory out of queue order). The reasons are given by class
         (`Reasons.add_by_class`): one entry per job is written only when someone reads them."""
-        jobs, cls = ordered[first:], classes[first:]
         decided: dict[int, str] = {}
         special: set[int] = set()
         order = self.plan.queue_order
@@ -572,6 +571,7 @@ class _Cycle:
         families: dict[object, tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
         now, off = self.now, self.policy.utc_offset_s
+        jobs, cls = ordered[first:], classes[first:]
         for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
             fk: object = family_of[c]
             begins: str | None = None
@@ -603,18 +603,18 @@ class _Cycle:
         reasons = self.plan.reasons
         # the decided classes' jobs wait for their class's reason (the ids from plan.order, not
         # from the jobs: a job read in queue order is a cache miss); the others get their own
-        ids = self.plan.order[first:]
+        ids = self.plan.order
         if not special:
-            reasons.add_by_class(ids, cls, decided)
+            reasons.add_by_class(ids, classes, decided, first)
             return None
-        rest = list(compress(range(len(cls)), map(special.__contains__, cls)))
+        rest = list(compress(range(first, len(classes)), map(special.__contains__, cls)))
         by_class = dict(decided)  # the walk below may decide more classes, for its own jobs
         for n in rest:
-            j = jobs[n]
+            j = ordered[n]
             if waiting_dep and j.id in waiting_dep:
                 later.append(j)
                 continue
-            c = cls[n]
+            c = classes[n]
             why = decided.get(c)
             if why is None and not j.depends:  # a failed attempt may have decided its class
                 d = self._decide_deep(j)
@@ -627,9 +627,9 @@ class _Cycle:
             self._place_now(j)
             if state != (self.gen, self.fifo_blocked, self.top_reserved):
                 # the walk job by job gives the jobs after it their own reasons (or a start)
-                reasons.add_by_class(ids[:n + 1], cls[:n + 1], by_class)
-                return first + n + 1
-        reasons.add_by_class(ids, cls, by_class)
+                reasons.add_by_class(ids, classes, by_class, first, n + 1)
+                return n + 1
+        reasons.add_by_class(ids, classes, by_class, first)
         return None
 
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
