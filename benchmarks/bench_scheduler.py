@@ -7,7 +7,8 @@ For each size it prints the median of the v1 policy (classes, FIFO, limits, back
 every policy on (fair-share, quotas with guarantees, urgent reserve, preemption, off-peak,
 dependencies, arrays), and the ratio against a baseline measured in the same run (sorting the
 pending list by (class, submit time)), because machines are noisy. Times are CPU time of this
-process (`time.process_time`), medians of --repeat runs. The default reservation depth
+process (`time.process_time`), medians of --repeat runs; the baseline and the cycles of one
+size take turns, so that their medians span the same seconds of a noisy machine. The default reservation depth
 (`Policy.reservation_depth` = 100) applies; `--depth N` (or `--depth all`) changes it. The
 snapshot: a half busy cluster of 8-GPU hosts, 40 users in 4 groups, a Philly-like size mix
 (mostly 1 GPU).
@@ -112,20 +113,24 @@ def snapshot(n_pending: int, hosts: int, seed: int = 1) -> tuple[float, list[Job
     return now, pending, running, gpus, usage, {}
 
 
-def median_ms(fn: object, repeat: int) -> float:
-    """Median CPU time of this process (a cycle is single-threaded and does no I/O, so on an
-    idle machine it equals wall time; on a shared one it does not count other processes).
+def medians_ms(fns: dict[str, object], repeat: int) -> dict[str, float]:
+    """Median CPU time of each function, in ms. The functions take turns, one run each per
+    round, so that each median spans the same stretch of time as the baseline's: on a shared
+    machine whose speed changes from second to second, every ratio then compares like with
+    like. CPU time of this process (a cycle is single-threaded and does no I/O, so on an idle
+    machine it equals wall time; on a shared one it does not count other processes).
     The garbage collector is paused around each run, as the server pauses it around a cycle
     (`service.py`): a cycle makes only acyclic garbage, and a collection would scan the whole
     heap of the process it happens to run in, which says nothing about the scheduler."""
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        gc.disable()
-        t0 = time.process_time()
-        fn()  # type: ignore[operator]
-        times.append((time.process_time() - t0) * 1000)
-        gc.enable()
-    return statistics.median(times)
+        for name, fn in fns.items():
+            gc.disable()
+            t0 = time.process_time()
+            fn()  # type: ignore[operator]
+            times[name].append((time.process_time() - t0) * 1000)
+            gc.enable()
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def settle(now: float, pending: list[Job], running: list[Job], gpus: list[GPU], policy: Policy,
@@ -155,20 +160,20 @@ def measure(n: int, hosts: int, repeat: int) -> dict[str, float]:
     now, pending, running, gpus, usage, finished = snapshot(n, hosts)
     full = all_policies(len(gpus))
     rank = PRIORITY_RANK
-    base = median_ms(lambda: sorted(pending, key=lambda j: (-rank[j.priority], j.submitted_at, j.id)), repeat)
-    v1 = median_ms(lambda: schedule(now, pending, running, gpus, V1), repeat)
-    allp = median_ms(lambda: schedule(now, pending, running, gpus, full, usage, finished), repeat)
-    decide = median_ms(lambda: schedule(now, pending, running, gpus, full, usage, finished, estimate=False), repeat)
     t, queue, active = settle(now, pending, running, gpus, full, usage, finished)
-    steady_all = median_ms(lambda: schedule(t, queue, active, gpus, full, usage, finished), repeat)
     # between estimating cycles the server passes the priority order of the last one (5 s
     # ago here, before the 20 newest jobs arrived): they are placed into it in the cycle
     newest = set(sorted(j.id for j in queue)[-20:])
     kept = schedule(t - 5, [j for j in queue if j.id not in newest], active, gpus, full, usage, finished).queue_order
-    steady = median_ms(lambda: schedule(t, queue, active, gpus, full, usage, finished, estimate=False, order=kept),
-                       repeat)
-    return {"pending": n, "gpus": len(gpus), "baseline_ms": base, "v1_ms": v1, "all_ms": allp,
-            "decide_ms": decide, "steady_all_ms": steady_all, "steady_ms": steady}
+    ms = medians_ms({
+        "baseline_ms": lambda: sorted(pending, key=lambda j: (-rank[j.priority], j.submitted_at, j.id)),
+        "v1_ms": lambda: schedule(now, pending, running, gpus, V1),
+        "all_ms": lambda: schedule(now, pending, running, gpus, full, usage, finished),
+        "decide_ms": lambda: schedule(now, pending, running, gpus, full, usage, finished, estimate=False),
+        "steady_all_ms": lambda: schedule(t, queue, active, gpus, full, usage, finished),
+        "steady_ms": lambda: schedule(t, queue, active, gpus, full, usage, finished, estimate=False, order=kept),
+    }, repeat)
+    return {"pending": n, "gpus": len(gpus), **ms}
 
 
 def run(repeat: int = 15, sizes: tuple[int, ...] = (1000, 10000), hosts_list: tuple[int, ...] = (8, 64)) -> list[dict[str, float]]:
