@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("traces", nargs="?", default=str(ROOT.parent / "shared" / "traces"),
                     help="folder of trace CSVs (default ../shared/traces relative to the repository)")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each trace")
-    ap.add_argument("--repeat", type=int, default=7, help="repetitions of the cycle benchmark")
+    ap.add_argument("--repeat", type=int, default=15, help="repetitions of the cycle benchmark (as bench_scheduler.py)")
     ap.add_argument("--workers", type=int, default=None, help="processes (default: one per policy, at most the CPUs)")
     ap.add_argument("--predictions", action="store_true",
                     help="also replay default with use_predictions (see docs/scheduling.md)")

@@ -208,6 +208,7 @@ class QueueOrder:
             order._top = top
         return ordered, cids, order
 
+
 _key_id = itemgetter(2)
 
 
