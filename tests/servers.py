@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 FAKE_GPUS = "2xA100"
 
@@ -43,15 +44,35 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval
 
 def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
     """End every job a test left running under `run_dir`: SIGTERM its supervisors, which stop
-    their whole process trees (SIGKILLing them would orphan the jobs), then SIGKILL stragglers."""
-    pattern = str(run_dir)
-    subprocess.run(["pkill", "-TERM", "-f", pattern], check=False)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode != 0:
-            return
-        time.sleep(0.1)
-    subprocess.run(["pkill", "-KILL", "-f", pattern], check=False)
+    their whole process trees (SIGKILLing them would orphan the jobs), then SIGKILL stragglers.
+    A supervisor is found by its working directory, a job's folder in `run_dir` (one started
+    in standby names no job on its command line), or by a command line that names `run_dir`."""
+    supervisors = _supervisors(run_dir)
+    for p in supervisors:
+        _signal(p, signal.SIGTERM)
+    _, alive = psutil.wait_procs(supervisors, timeout=grace)
+    for p in alive:
+        _signal(p, signal.SIGKILL)
+
+
+def _supervisors(run_dir: Path) -> list[psutil.Process]:
+    root = str(run_dir)
+    found = []
+    for p in psutil.process_iter():
+        try:
+            cwd = p.cwd()
+            if cwd.startswith(root + os.sep) or cwd == root or any(root in arg for arg in p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
 
 
 def free_port() -> int:
