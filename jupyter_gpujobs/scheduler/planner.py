@@ -683,16 +683,9 @@ class _Cycle:
             return (blocked.reason, k, gt, view, lims, False, -INF, high)
         if low == INF:
             return None  # it may start now, whatever its limit
-        if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"):
-            if not self._preempt_failed(j, k):
-                urgent = j.priority == "urgent"
-                if urgent or self._within_guarantee(j, k):
-                    index = self._victim_index(view, gt)
-                    if index is not None and index.any_for(j, urgent):
-                        return None  # it may preempt
-                    self._no_victims(j, k, index)  # as `_try_preempt` would find
-                else:
-                    self.failed_preempt[_preempt_memo(j)] = k  # beyond its guarantee: as in _try_preempt
+        if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent") \
+                and self._victim_index_for(j, k, view) is not None:
+            return None  # it may preempt
         why = self._waiting_reason(view, k, gt)
         self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
         return (why, k, gt, view, lims, True, low, high)
@@ -887,21 +880,29 @@ class _Cycle:
             wide = (j.gpu_type, None, None, j.priority)
             failed[wide] = min(k, failed.get(wide, k))
 
-    def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
-        # victims and free GPUs only shrink, and GPUs in use only grow, during a walk: a
-        # failed attempt (or a job beyond its guarantee) fails again
-        memo = _preempt_memo(j)
-        failed = self.failed_preempt
+    def _victim_index_for(self, j: Job, k: int, view: View) -> VictimIndex | None:
+        """The victim index when `j` has the right to preempt for k GPUs (urgent, or within
+        its guarantee) and a running job it may take exists; else None, and the failure is
+        remembered. Victims and free GPUs only shrink, and GPUs in use only grow, during a
+        walk: a failed attempt (or a job beyond its guarantee) fails again."""
         if self._preempt_failed(j, k):
-            return False
+            return None
         urgent = j.priority == "urgent"
         if not urgent and not (self.quotas.any_guarantee and self._within_guarantee(j, k)):
-            failed[memo] = min(k, failed.get(memo, k))
-            return False
+            memo = _preempt_memo(j)
+            self.failed_preempt[memo] = min(k, self.failed_preempt.get(memo, k))
+            return None
         index = self._victim_index(view, j.gpu_type)
         if index is None or not index.any_for(j, urgent):  # no running job it may take
             self._no_victims(j, k, index)
+            return None
+        return index
+
+    def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
+        index = self._victim_index_for(j, k, view)
+        if index is None:
             return False
+        urgent = j.priority == "urgent"
         cl = self.cluster
         assert self.candidates is not None
         pids = set(view.pids)
