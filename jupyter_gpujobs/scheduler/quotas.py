@@ -30,14 +30,6 @@ class Limit:
         self.line_used = 0
         self.reason = reason
 
-    def add_running(self, end: float, amount: int) -> None:
-        self.now_used += amount
-        self.line_used += amount
-        heapq.heappush(self.line, (end, amount))
-
-    def fits_now(self, amount: int) -> bool:
-        return self.now_used + amount <= self.cap
-
     def earliest(self, amount: int, floor: float) -> float:
         """When the time line has room for `amount` (consumes the ends it needs)."""
         if amount > self.cap:
