@@ -153,13 +153,19 @@ def _driver_insert_plan(table: Table, dialect: Dialect
     return compiled.string, itemgetter(*keys), [(n, proc) for n, proc in processors if proc is not None]
 
 
-def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    """Insert rows, each with every column but the id. On SQLite (the submit path) with one
-    DBAPI executemany, converting values as SQLAlchemy would: going through
-    `Connection.execute` cost more there than SQLite's own work."""
+def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]], ids: bool = False) -> Sequence[int]:
+    """Insert rows, each with every column but the id; with `ids`, return their new ids in the
+    rows' order. On SQLite (the submit path) with one DBAPI executemany, converting values as
+    SQLAlchemy would: going through `Connection.execute` cost more there than SQLite's own
+    work, and SQLite has no RETURNING whose rows follow the parameters, so SQLAlchemy would run
+    one INSERT per row. The transaction holds the database's only write lock, so the rows take
+    consecutive ids, in order. Other databases: Core, with RETURNING in parameter order."""
     if conn.dialect.name != "sqlite":
-        conn.execute(insert(table), rows)
-        return
+        if not ids:
+            conn.execute(insert(table), rows)
+            return ()
+        returning = insert(table).returning(table.c.id, sort_by_parameter_order=True)
+        return conn.execute(returning, rows).scalars().all()
     sql, values_of, processors = _driver_insert_plan(table, conn.dialect)
     params = []
     for row in rows:
@@ -168,6 +174,10 @@ def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> 
             values[n] = process(values[n])
         params.append(tuple(values))
     conn.exec_driver_sql(sql, params)
+    if not ids:
+        return ()
+    last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
+    return range(last - len(rows) + 1, last + 1)
 
 
 def default_url(data_dir: str | Path) -> str:
@@ -266,16 +276,7 @@ class Store:
             return [[] for _ in submissions]
         with self.engine.begin() as conn:
             params = [{c: p.get(c) for c in columns} for p in map(_columns, all_rows)]
-            if conn.dialect.name == "sqlite":
-                # SQLite has no RETURNING whose rows follow the parameters, so SQLAlchemy would
-                # run one INSERT per job. One executemany instead: the transaction holds the
-                # database's only write lock, so its rows take consecutive ids, in order.
-                _insert_rows(conn, jobs_table, params)
-                last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
-                ids: Sequence[int] = range(last - len(params) + 1, last + 1)
-            else:
-                insert_jobs = insert(jobs_table).returning(jobs_table.c.id, sort_by_parameter_order=True)
-                ids = conn.execute(insert_jobs, params).scalars().all()
+            ids = _insert_rows(conn, jobs_table, params, ids=True)
             for values, job_id in zip(all_rows, ids):
                 values["id"] = job_id
             for sub, rows in zip(submissions, groups):
