@@ -24,17 +24,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def child(snapshot: str, what: str, runs: int) -> None:
     """Run `runs` cycles (or sorts) of the pickled snapshot: what valgrind counts."""
+    from bench_scheduler import kept_order
+
     from jupyter_gpujobs.model import PRIORITY_RANK
     from jupyter_gpujobs.scheduler import schedule
 
     with open(snapshot, "rb") as f:
         t, queue, active, gpus, policy, usage, finished = pickle.load(f)
-    newest = set(sorted(j.id for j in queue)[-20:])
-    kept = schedule(t - 5, [j for j in queue if j.id not in newest], active, gpus, policy, usage, finished).queue_order
+    kept = kept_order(t, queue, active, gpus, policy, usage, finished)
     gc.disable()
     for _ in range(runs):
         if what == "sort":
@@ -60,7 +62,6 @@ def per_run(snapshot: str, what: str) -> float:
 def main() -> None:
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions: valgrind is not installed (Debian: apt install valgrind)")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_scheduler as bench
 
     print("building the steady 10k x 512 snapshot ...", flush=True)

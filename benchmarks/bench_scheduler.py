@@ -156,15 +156,21 @@ def settle(now: float, pending: list[Job], running: list[Job], gpus: list[GPU], 
     return now, pending, running
 
 
+def kept_order(t: float, queue: list[Job], active: list[Job], gpus: list[GPU], policy: Policy,
+               usage: Usage, finished: dict[int, JobState]) -> object:
+    """The priority order the steady deciding cycle keeps: between estimating cycles the server
+    passes the order of the last one (5 s ago here, before the 20 newest jobs arrived), and
+    they are placed into it in the cycle."""
+    newest = set(sorted(j.id for j in queue)[-20:])
+    return schedule(t - 5, [j for j in queue if j.id not in newest], active, gpus, policy, usage, finished).queue_order
+
+
 def measure(n: int, hosts: int, repeat: int) -> dict[str, float]:
     now, pending, running, gpus, usage, finished = snapshot(n, hosts)
     full = all_policies(len(gpus))
     rank = PRIORITY_RANK
     t, queue, active = settle(now, pending, running, gpus, full, usage, finished)
-    # between estimating cycles the server passes the priority order of the last one (5 s
-    # ago here, before the 20 newest jobs arrived): they are placed into it in the cycle
-    newest = set(sorted(j.id for j in queue)[-20:])
-    kept = schedule(t - 5, [j for j in queue if j.id not in newest], active, gpus, full, usage, finished).queue_order
+    kept = kept_order(t, queue, active, gpus, full, usage, finished)
     ms = medians_ms({
         "baseline_ms": lambda: sorted(pending, key=lambda j: (-rank[j.priority], j.submitted_at, j.id)),
         "v1_ms": lambda: schedule(now, pending, running, gpus, V1),
