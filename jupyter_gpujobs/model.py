@@ -411,21 +411,21 @@ class Reasons(MutableMapping[int, str]):
 
     def __init__(self, reasons: Mapping[int, str] | None = None):
         self._own: dict[int, str] = dict(reasons or {})
-        self._by_class: list[tuple[Sequence[int], Sequence[int], Mapping[int, str], int, int]] = []
+        self._by_class: list[tuple[Sequence[int], Sequence[int], Mapping[int, str], int]] = []
 
     def add_by_class(self, ids: Sequence[int], classes: Sequence[int], reason_of: Mapping[int, str],
-                     start: int = 0, stop: int | None = None) -> None:
+                     start: int = 0) -> None:
         """Job ids[n] waits for reason_of[classes[n]] (no reason when its class has none), for
-        n in range(start, stop). The three must not change afterwards."""
-        self._by_class.append((ids, classes, reason_of, start, len(ids) if stop is None else stop))
+        n from `start` on. The three must not change afterwards."""
+        self._by_class.append((ids, classes, reason_of, start))
 
     def _all(self) -> dict[int, str]:
         if self._by_class:
             out: dict[int, str] = {}
-            for ids, classes, reason_of, start, stop in self._by_class:
-                cls = classes[start:stop]
+            for ids, classes, reason_of, start in self._by_class:
+                cls = classes[start:]
                 has = list(map(reason_of.__contains__, cls))
-                out.update(zip(compress(ids[start:stop], has), map(reason_of.__getitem__, compress(cls, has))))
+                out.update(zip(compress(ids[start:], has), map(reason_of.__getitem__, compress(cls, has))))
             out.update(self._own)
             self._own, self._by_class = out, []
         return self._own

@@ -600,36 +600,33 @@ class _Cycle:
                 decided[c] = fam[0] if begins is None else begins
             else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
                 special.add(c)
-        reasons = self.plan.reasons
         # the decided classes' jobs wait for their class's reason (the ids from plan.order, not
-        # from the jobs: a job read in queue order is a cache miss); the others get their own
-        ids = self.plan.order
+        # from the jobs: a job read in queue order is a cache miss); the others get their own,
+        # here or, after a job that changes the state, in the job-by-job walk
+        reasons = self.plan.reasons
+        reasons.add_by_class(self.plan.order, classes, decided, first)
         if not special:
-            reasons.add_by_class(ids, classes, decided, first)
             return None
         rest = list(compress(range(first, len(classes)), map(special.__contains__, cls)))
-        by_class = dict(decided)  # the walk below may decide more classes, for its own jobs
+        found: dict[int, str] = {}  # special classes decided below, for their own later jobs
         for n in rest:
             j = ordered[n]
             if waiting_dep and j.id in waiting_dep:
                 later.append(j)
                 continue
             c = classes[n]
-            why = decided.get(c)
+            why = found.get(c)
             if why is None and not j.depends:  # a failed attempt may have decided its class
                 d = self._decide_deep(j)
                 if d is not None:
-                    why = decided[c] = d[0]
+                    why = found[c] = d[0]
             if why is not None:
                 reasons[j.id] = why
                 continue
             state = (self.gen, self.fifo_blocked, self.top_reserved)
             self._place_now(j)
             if state != (self.gen, self.fifo_blocked, self.top_reserved):
-                # the walk job by job gives the jobs after it their own reasons (or a start)
-                reasons.add_by_class(ids, classes, by_class, first, n + 1)
                 return n + 1
-        reasons.add_by_class(ids, classes, by_class, first)
         return None
 
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
