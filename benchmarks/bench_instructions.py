@@ -37,12 +37,13 @@ def child(snapshot: str, what: str, runs: int) -> None:
     with open(snapshot, "rb") as f:
         t, queue, active, gpus, policy, usage, finished = pickle.load(f)
     kept = kept_order(t, queue, active, gpus, policy, usage, finished)
+    by_id = {j.id: j for j in queue}  # as the server keeps the pending jobs and hands them over
     gc.disable()
     for _ in range(runs):
         if what == "sort":
             sorted(queue, key=lambda j: (-PRIORITY_RANK[j.priority], j.submitted_at, j.id))
         else:
-            schedule(t, queue, active, gpus, policy, usage, finished, estimate=False, order=kept)
+            schedule(t, by_id, active, gpus, policy, usage, finished, estimate=False, order=kept)
 
 
 def count(snapshot: str, what: str, runs: int) -> int:

@@ -8,10 +8,11 @@ every policy on (fair-share, quotas with guarantees, urgent reserve, preemption,
 dependencies, arrays), and the ratio against a baseline measured in the same run (sorting the
 pending list by (class, submit time)), because machines are noisy. Times are CPU time of this
 process (`time.process_time`), medians of --repeat runs; the baseline and the cycles of one
-size take turns, so that their medians span the same seconds of a noisy machine. The default reservation depth
-(`Policy.reservation_depth` = 100) applies; `--depth N` (or `--depth all`) changes it. The
-snapshot: a half busy cluster of 8-GPU hosts, 40 users in 4 groups, a Philly-like size mix
-(mostly 1 GPU).
+size take turns, so that their medians span the same seconds of a noisy machine. The default
+reservation depth (`Policy.reservation_depth` = 100) applies; `--depth N` (or `--depth all`)
+changes it. The snapshot: a half busy cluster of 8-GPU hosts, 40 users in 4 groups, a
+Philly-like size mix (mostly 1 GPU). The pending jobs are handed to `schedule()` as the server
+hands them: the dictionary by id that it keeps from one cycle to the next.
 
 Two kinds of cycle, every policy on:
 - "decide": `schedule(..., estimate=False)`, what the server runs every cycle: every start,
@@ -171,13 +172,15 @@ def measure(n: int, hosts: int, repeat: int) -> dict[str, float]:
     rank = PRIORITY_RANK
     t, queue, active = settle(now, pending, running, gpus, full, usage, finished)
     kept = kept_order(t, queue, active, gpus, full, usage, finished)
+    # the pending jobs by id, as the server (and the simulator) keep them and hand them over
+    burst, steady = {j.id: j for j in pending}, {j.id: j for j in queue}
     ms = medians_ms({
         "baseline_ms": lambda: sorted(pending, key=lambda j: (-rank[j.priority], j.submitted_at, j.id)),
-        "v1_ms": lambda: schedule(now, pending, running, gpus, V1),
-        "all_ms": lambda: schedule(now, pending, running, gpus, full, usage, finished),
-        "decide_ms": lambda: schedule(now, pending, running, gpus, full, usage, finished, estimate=False),
-        "steady_all_ms": lambda: schedule(t, queue, active, gpus, full, usage, finished),
-        "steady_ms": lambda: schedule(t, queue, active, gpus, full, usage, finished, estimate=False, order=kept),
+        "v1_ms": lambda: schedule(now, burst, running, gpus, V1),
+        "all_ms": lambda: schedule(now, burst, running, gpus, full, usage, finished),
+        "decide_ms": lambda: schedule(now, burst, running, gpus, full, usage, finished, estimate=False),
+        "steady_all_ms": lambda: schedule(t, steady, active, gpus, full, usage, finished),
+        "steady_ms": lambda: schedule(t, steady, active, gpus, full, usage, finished, estimate=False, order=kept),
     }, repeat)
     return {"pending": n, "gpus": len(gpus), **ms}
 

@@ -221,7 +221,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         if skip_idle and not fresh and not may_preempt and min(sizes) > max(free_on.values()):
             res.skipped += 1
             continue
-        plan = schedule(now, list(pending.values()), list(running.values()), gpus, policy, usage, finished)
+        plan = schedule(now, pending, list(running.values()), gpus, policy, usage, finished)
         res.cycles += 1
         started_now = {s.job_id for s in plan.starts}
         for jid in fresh:

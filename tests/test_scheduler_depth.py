@@ -415,3 +415,29 @@ def test_reasons_given_by_class_read_as_a_dictionary_of_each_job() -> None:
     del reasons[4]
     reasons[5] = "waiting"
     assert dict(reasons) == {1: "waiting for job 9 (afterok)", 3: "user limit of 4 GPUs reached", 5: "waiting"}
+
+
+def test_pending_jobs_given_by_id_are_scheduled_as_a_list_of_them() -> None:
+    """The server hands its dictionary of pending jobs to `schedule()` as it is: the plans are
+    those of the same jobs in a list, estimating, deciding or with a kept order, and the
+    dictionary is left as it was (the server keeps using it)."""
+    from jupyter_gpujobs.model import Dependency, Quota
+
+    pol = Policy(user_max_running_jobs=6, user_max_gpus=10, urgent_reserve_gpus=4, reservation_depth=20,
+                 group_quotas={"g0": Quota(guaranteed_gpus=8, max_running_jobs=30)})
+    for seed in range(3):
+        pending, running, inv = _random_snapshot(seed, 6, 300)
+        pending[200] = replace(pending[200], depends=(Dependency("afterok", pending[190].id),))
+        pending[260] = replace(pending[260], depends=(Dependency("afterok", 999_999),))  # cancelled
+        kept = schedule(NOW - 5, pending[:-10], running, inv, pol).queue_order
+        by_id = {j.id: j for j in reversed(pending)}  # another order than the list's
+        before = dict(by_id)
+        for kw in ({}, {"estimate": False}, {"estimate": False, "order": kept}):
+            listed = schedule(NOW, pending, running, inv, pol, **kw)
+            mapped = schedule(NOW, by_id, running, inv, pol, **kw)
+            assert mapped.starts == listed.starts and mapped.preemptions == listed.preemptions, (seed, kw)
+            assert mapped.order == listed.order and mapped.cancels == listed.cancels
+            assert mapped.cancels == [(pending[260].id, "dependency job 999999 is unknown")]
+            assert dict(mapped.reasons) == dict(listed.reasons)
+            assert mapped.expected_start == listed.expected_start
+        assert by_id == before and list(by_id) == list(before)

@@ -17,7 +17,7 @@ failed preemption attempts are memoised the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress, islice
@@ -32,7 +32,7 @@ from .priority import QueueOrder
 from .quotas import Limit, Quotas
 
 
-def schedule(now: float, pending: Sequence[Job], running: Sequence[Job], gpus: Sequence[GPU],
+def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Sequence[Job], gpus: Sequence[GPU],
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
              finished: Mapping[int, JobState] | None = None, estimate: bool = True,
              order: QueueOrder | None = None) -> Plan:
@@ -46,11 +46,19 @@ def schedule(now: float, pending: Sequence[Job], running: Sequence[Job], gpus: S
 
     `order` is the priority order of an earlier cycle (its `plan.queue_order`): the jobs it
     holds keep their places, new ones take theirs, and the priorities are not recalculated
-    (the server recalculates them with the estimates). None: calculate them now."""
-    cycle = _Cycle(now, running, gpus, policy, finished or {}, pending)
+    (the server recalculates them with the estimates). None: calculate them now.
+
+    `pending` may be a mapping of the jobs by id, as a caller that keeps one (the server, the
+    simulator) has them: the cycle then reads it, instead of building its own of a deep queue
+    (9 % of a deciding cycle's instructions at 10k jobs). It is not changed, nor kept."""
+    by_id = pending if isinstance(pending, Mapping) else None
+    jobs: Collection[Job] = pending if by_id is None else by_id.values()  # type: ignore[assignment]
+    cycle = _Cycle(now, running, gpus, policy, finished or {}, jobs)
+    if by_id is not None:
+        cycle.pending_by_id = by_id
     cycle.estimate = estimate
     cycle.order = order
-    return cycle.run(pending, as_usage(usage))
+    return cycle.run(jobs, as_usage(usage))
 
 
 _id = attrgetter("id")
@@ -107,7 +115,7 @@ class _Cycle:
     order: QueueOrder | None = None  # a kept priority order, else calculated
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
-                 finished: Mapping[int, JobState], pending: Sequence[Job]):
+                 finished: Mapping[int, JobState], pending: Collection[Job]):
         self.now = now
         self.policy = policy
         self.finished = finished
@@ -173,7 +181,7 @@ class _Cycle:
         self._account_running(running)
 
     @cached_property
-    def pending_by_id(self) -> dict[int, Job]:
+    def pending_by_id(self) -> Mapping[int, Job]:
         return dict(zip(map(_id, self.pending), self.pending))
 
     @cached_property
@@ -264,9 +272,9 @@ class _Cycle:
             heapify(self.reserve_limit.line)
 
     # ------------------------------------------------------------------ the walk
-    def run(self, pending: Sequence[Job], usage: Usage) -> Plan:
+    def run(self, pending: Collection[Job], usage: Usage) -> Plan:
         plan, now, policy = self.plan, self.now, self.policy
-        queue: Sequence[Job] = pending
+        queue: Collection[Job] = pending
         waiting_dep: dict[int, int] = {}
         cancelled: set[int] = set()
         for j in compress(pending, map(_depends, pending)):  # the few jobs with dependencies
@@ -282,7 +290,7 @@ class _Cycle:
             by_id = {i: j for i, j in by_id.items() if i not in cancelled}
         arranged = self.order.arrange(queue, by_id) if self.order is not None else None
         if arranged is None:  # no kept order, or one that cannot place a new user's job
-            arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue)
+            arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue, by_id)
             assert arranged is not None
         ordered, classes, plan.queue_order = arranged
         plan.order = plan.queue_order.ids()  # the ids of `ordered`

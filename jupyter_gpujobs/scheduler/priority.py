@@ -10,7 +10,7 @@ higher class is always ahead. Ties go to the older job, then the lower id (FIFO)
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import compress, islice
 from operator import attrgetter, itemgetter
 from typing import NamedTuple, TypeVar
@@ -78,7 +78,7 @@ class QueueOrder:
         self._tables = (len(classes), {}) if shared is None else shared
 
     @classmethod
-    def compute(cls, now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
+    def compute(cls, now: float, jobs: Collection[Job], policy: Policy, usage: Usage,
                 largest_host: int) -> QueueOrder:
         """The order of `jobs` at `now` (fair-share from `usage`)."""
         w_age, w_fs, w_cls, w_size = policy.weight_age, policy.weight_fairshare, policy.weight_class, policy.weight_size
@@ -167,7 +167,7 @@ class QueueOrder:
             self._ids = list(map(_key_id, self.keys))
         return self._ids
 
-    def arrange(self, jobs: Sequence[Job], by_id: Mapping[int, Job] | None = None
+    def arrange(self, jobs: Collection[Job], by_id: Mapping[int, Job] | None = None
                 ) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
