@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import median
 
 from jupyter_gpujobs.gpus import FakeBackend
-from jupyter_gpujobs.model import Job, JobState, Policy, parse_fake_gpus
+from jupyter_gpujobs.model import Job, Policy, parse_fake_gpus
 from jupyter_gpujobs.monitor import Monitor, MonitorSettings
 from jupyter_gpujobs.runners import LocalRunner
 from jupyter_gpujobs.service import JobService
@@ -68,12 +68,12 @@ def main() -> None:
     for i, job in enumerate(jobs):
         started = store.start(job.id, "localhost", [(i, inventory[i].uuid)], now)
         assert started is not None
-        service._active[job.id] = started
+        service._keep(started)
         env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": str(i), "GPUJOBS_JOB_ID": str(job.id),
                "GPUJOBS_FAKE_MEM_MB": "2000"}
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env))
     time.sleep(1.0)
-    running: list[Job] = [j for j in service._active.values() if j.state is JobState.RUNNING]
+    running: list[Job] = service.running()
 
     def reset() -> None:
         backend._scan = None  # every reading scans /proc, as readings 5 s apart do

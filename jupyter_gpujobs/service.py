@@ -117,7 +117,11 @@ class JobService:
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
+        # the pending and running jobs by id (`_keep` and `_forget` keep them), and each state's
+        # own: a cycle hands `_pending` to the scheduler as it is, without a pass over 10k jobs
         self._active: dict[int, Job] = {}
+        self._pending: dict[int, Job] = {}
+        self._running: dict[int, Job] = {}
         self._handles: dict[int, dict[str, Any]] = {}
         self._plan = Plan()
         self._plan_at = 0.0
@@ -216,7 +220,9 @@ class JobService:
         """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
         its recorded result); nothing else is restarted or double-allocated."""
         pending, running = self.store.active_jobs()
-        self._active = {j.id: j for j in pending + running}
+        self._active, self._pending, self._running = {}, {}, {}
+        for job in pending + running:
+            self._keep(job)
         self._handles = {}
         for job in running:
             if job.kind in EXTERNAL_KINDS:
@@ -369,8 +375,8 @@ class JobService:
 
     def gpu_views(self) -> list[dict[str, Any]]:
         holders: dict[tuple[str, int], Job] = {}
-        for job in self._active.values():
-            if job.state is JobState.RUNNING and job.host:
+        for job in self._running.values():
+            if job.host:
                 for index in job.assigned_gpus:
                     holders[(job.host, index)] = job
         out = []
@@ -423,11 +429,11 @@ class JobService:
 
     def queue(self) -> list[Job]:
         """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
-        order = [jid for jid in self._plan.order if jid in self._active
-                 and self._active[jid].state is JobState.PENDING]
+        pending = self._pending
+        order = [jid for jid in self._plan.order if jid in pending]
         seen = set(order)
-        rest = sorted(j.id for j in self._active.values() if j.state is JobState.PENDING and j.id not in seen)
-        return [self._active[jid] for jid in order + rest]
+        rest = sorted(jid for jid in pending if jid not in seen)
+        return [pending[jid] for jid in order + rest]
 
     def active_jobs(self) -> list[Job]:
         """Pending and running jobs as the engine knows them now."""
@@ -441,7 +447,23 @@ class JobService:
         return dict(self._handles)
 
     def running(self) -> list[Job]:
-        return [j for j in self._active.values() if j.state is JobState.RUNNING]
+        return list(self._running.values())
+
+    def _keep(self, job: Job) -> None:
+        """A pending or running job as it now is."""
+        self._active[job.id] = job
+        if job.state is JobState.PENDING:
+            self._pending[job.id] = job
+            self._running.pop(job.id, None)
+        else:
+            self._running[job.id] = job
+            self._pending.pop(job.id, None)
+
+    def _forget(self, job_id: int) -> None:
+        """A job that ended."""
+        self._active.pop(job_id, None)
+        self._pending.pop(job_id, None)
+        self._running.pop(job_id, None)
 
     def is_admin(self, user: str) -> bool:
         return user in self.admin_users
@@ -539,7 +561,7 @@ class JobService:
                 self.store.update_job(job.id, command=command, payload=payload)
                 jobs[i] = replace(job, command=command, payload=payload)
         for job in jobs:
-            self._active[job.id] = job
+            self._keep(job)
             self._publish(job, {"job_id": job.id, "time": new.now, "state": "PENDING", "actor": new.actor,
                                 "reason": "submitted"})
         return jobs
@@ -649,7 +671,7 @@ class JobService:
         if job is None:
             return None
         if state.is_final:
-            self._active.pop(job_id, None)
+            self._forget(job_id)
             self._handles.pop(job_id, None)
             self._terminating.discard(job_id)
             self._warned.discard(job_id)
@@ -657,7 +679,7 @@ class JobService:
                 if not fut.done():
                     fut.set_result(job)
         else:
-            self._active[job_id] = job
+            self._keep(job)
         self._publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
                             "reason": reason, "data": data or {}})
         self.wake()
@@ -712,16 +734,16 @@ class JobService:
             self._burst_timer = None
         now = self.clock()
         gpus = [g for g in self.inventory]
-        pending = [j for j in self._active.values() if j.state is JobState.PENDING]
-        running = [j for j in self._active.values() if j.state is JobState.RUNNING]
+        pending = self._pending  # handed to schedule() as it is: it neither keeps nor changes it
+        running = list(self._running.values())
         self._enforce_limits(running, now)
         self._account_usage(running, now)
-        dep_ids = {d.job_id for j in pending for d in j.depends}
+        dep_ids = {d.job_id for j in pending.values() for d in j.depends}
         finished = self.store.final_states(i for i in dep_ids if i not in self._active)
         # Every cycle decides. Every estimate_interval (and within a second of new jobs that
         # have none) a cycle also recalculates the priorities and estimates every job's start:
         # on a deep queue that is most of a cycle's cost, and seconds of lag are harmless.
-        newest = max((j.id for j in pending), default=0)
+        newest = max(pending, default=0)
         since = now - self._estimated_at
         estimate = since >= self.estimate_interval or (newest > self._estimated_newest and since >= 1.0)
         order = None if estimate else self._plan.queue_order
@@ -814,7 +836,7 @@ class JobService:
             return
         if started is None:
             return
-        self._active[job.id] = started
+        self._keep(started)
         if job.kind not in EXTERNAL_KINDS:
             log_path = self.state_dir / "logs" / f"job-{job.id}.log"
             env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
