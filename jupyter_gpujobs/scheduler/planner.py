@@ -91,7 +91,7 @@ def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
 
 
 def _family_maker() -> Callable[[tuple[object, ...]], object]:
-    """The family of a `job_class` (`_Cycle._deep_family`), for `QueueOrder.per_class`: a token
+    """The family of a `job_class` (`_Cycle._bulk_family`), for `QueueOrder.per_class`: a token
     that the classes differing only in their time limit share, or None for a class decided
     from its key in each cycle (dependencies, off-peak, a begin time). Classes added to an
     order later (`per_class` makes theirs in each cycle) may get another token for the same
@@ -105,6 +105,19 @@ def _family_maker() -> Callable[[tuple[object, ...]], object]:
         return tokens.setdefault((priority, user, group, k, gt, aid, amr), object())
 
     return family
+
+
+def _kind_maker() -> Callable[[tuple[object, ...]], object]:
+    """The kind of a `job_class` (`_Cycle._kind`: who asks, in which array, at which class), for
+    `QueueOrder.per_class`: a token that the classes of one kind share. As with families, classes
+    added to an order later may get another token for the same kind."""
+    tokens: dict[tuple[object, ...], object] = {}
+
+    def kind(c: tuple[object, ...]) -> object:
+        priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+        return tokens.setdefault((user, group, aid, amr, priority), object())
+
+    return kind
 
 
 _class_limit = itemgetter(5)  # the time limit in a `job_class`
@@ -564,9 +577,10 @@ class _Cycle:
         decision stays what the job-by-job walk would give. When one does, the jobs after it
         are left to that walk: returns where it resumes (None when all is done).
 
-        Classes that differ only in their time limit are one family (`_deep_family`): it is
+        Classes that differ only in their time limit are one family (`_bulk_family`): it is
         decided once, and each class checks only that its limit lies in the family's range.
-        Each class's family and limit come from tables kept with the priority order
+        The families of one kind (`_kind`) read what depends on the kind once. Each class's
+        family, kind and limit come from tables kept with the priority order
         (`QueueOrder.per_class`), made once per priority calculation, not from the jobs
         (which lie in memory out of queue order). The reasons are given by class
         (`Reasons.add_by_class`): one entry per job is written only when someone reads them."""
@@ -575,6 +589,9 @@ class _Cycle:
         order = self.plan.queue_order
         family_of = order.per_class("planner.family", _family_maker())
         limit_of = order.per_class("planner.limit", _class_limit)
+        kind_of = order.per_class("planner.kind", _kind_maker())
+        kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]] = {}  # see `_bulk_family`
+        waiting: dict[tuple[int, str | None], str] = {}
         keys: list[tuple[object, ...]] | None = None
         families: dict[object, tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
@@ -602,8 +619,7 @@ class _Cycle:
                 begins = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
             fam = families.get(fk, False)
             if fam is False:
-                fd = self._deep_family(j)
-                fam = families[fk] = None if fd is None else (fd[0], fd[6], fd[7])
+                fam = families[fk] = self._bulk_family(j, kind_of[c], kinds, waiting)
             if fam is not None and fam[1] <= (limit_of[c] or default_limit) <= fam[2]:
                 decided[c] = fam[0] if begins is None else begins
             else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
@@ -636,6 +652,45 @@ class _Cycle:
             if state != (self.gen, self.fifo_blocked, self.top_reserved):
                 return n + 1
         return None
+
+    def _bulk_family(self, j: Job, kind: object, kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]],
+                     waiting: dict[tuple[int, str | None], str]) -> tuple[str, float, float] | None:
+        """`_deep_family`'s (reason, low, high), for the walk by class, where nothing changes
+        from one family to the next: what depends only on the job's kind (its limits, its
+        maximum time limit, whether it may preempt at all) is read once per kind (`kinds`, by
+        the kind's token), and the reason of a shape that waits once per shape (`waiting`).
+        Jobs with a begin time or off-peak go to `_deep_family` itself. The `waits` memo that
+        `_deep_family` keeps for the job-by-job walk is left out: no entry would be read before
+        the state it describes changes. The tests that compare a deciding cycle with the walk
+        of every job (tests/test_scheduler_depth.py) hold the two to the same decisions."""
+        k = j.gpus
+        gt = j.gpu_type
+        view = self.cluster.views.get(gt)
+        if k <= 0 or view is None or k > view.max_size:
+            return None
+        if j.offpeak or j.begin is not None:
+            fd = self._deep_family(j)
+            return None if fd is None else (fd[0], fd[6], fd[7])
+        known = kinds.get(kind)
+        if known is None:
+            lims, mtl = self._kind(j)
+            policy = self.policy
+            known = kinds[kind] = (lims, INF if mtl is None else float(mtl),
+                                   policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"))
+        lims, high, may_preempt = known
+        for lim, per_gpu in lims:
+            if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                return (lim.reason, -INF, high)
+        shape = (k, gt)
+        low = self.failed_shapes.get(shape, INF) if view.free_pids and (self.policy.backfill or self.fifo_blocked is None) else -INF
+        if low == INF:
+            return None  # it may start now, whatever its limit
+        if may_preempt and self._victim_index_for(j, k, view) is not None:
+            return None  # it may preempt
+        why = waiting.get(shape)
+        if why is None:
+            why = waiting[shape] = self._waiting_reason(view, k, gt)
+        return (why, low, high)
 
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
         """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
