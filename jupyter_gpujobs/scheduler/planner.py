@@ -591,7 +591,6 @@ class _Cycle:
         limit_of = order.per_class("planner.limit", _class_limit)
         kind_of = order.per_class("planner.kind", _kind_maker())
         kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]] = {}  # see `_bulk_family`
-        waiting: dict[tuple[int, str | None], str] = {}
         keys: list[tuple[object, ...]] | None = None
         families: dict[object, tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
@@ -619,7 +618,7 @@ class _Cycle:
                 begins = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
             fam = families.get(fk, False)
             if fam is False:
-                fam = families[fk] = self._bulk_family(j, kind_of[c], kinds, waiting)
+                fam = families[fk] = self._bulk_family(j, kind_of[c], kinds)
             if fam is not None and fam[1] <= (limit_of[c] or default_limit) <= fam[2]:
                 decided[c] = fam[0] if begins is None else begins
             else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
@@ -653,16 +652,14 @@ class _Cycle:
                 return n + 1
         return None
 
-    def _bulk_family(self, j: Job, kind: object, kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]],
-                     waiting: dict[tuple[int, str | None], str]) -> tuple[str, float, float] | None:
+    def _bulk_family(self, j: Job, kind: object,
+                     kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]]) -> tuple[str, float, float] | None:
         """`_deep_family`'s (reason, low, high), for the walk by class, where nothing changes
         from one family to the next: what depends only on the job's kind (its limits, its
         maximum time limit, whether it may preempt at all) is read once per kind (`kinds`, by
-        the kind's token), and the reason of a shape that waits once per shape (`waiting`).
-        Jobs with a begin time or off-peak go to `_deep_family` itself. The `waits` memo that
-        `_deep_family` keeps for the job-by-job walk is left out: no entry would be read before
-        the state it describes changes. The tests that compare a deciding cycle with the walk
-        of every job (tests/test_scheduler_depth.py) hold the two to the same decisions."""
+        the kind's token). Jobs with a begin time or off-peak go to `_deep_family` itself. The
+        `waits` memo that `_deep_family` keeps for the job-by-job walk is left out: no entry
+        would be read before the state it describes changes. Both decide in `_only_waits`."""
         k = j.gpus
         gt = j.gpu_type
         view = self.cluster.views.get(gt)
@@ -674,23 +671,11 @@ class _Cycle:
         known = kinds.get(kind)
         if known is None:
             lims, mtl = self._kind(j)
-            policy = self.policy
-            known = kinds[kind] = (lims, INF if mtl is None else float(mtl),
-                                   policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent"))
+            known = kinds[kind] = (lims, INF if mtl is None else float(mtl), self._may_ever_preempt(j))
         lims, high, may_preempt = known
-        for lim, per_gpu in lims:
-            if lim.now_used + (k if per_gpu else 1) > lim.cap:
-                return (lim.reason, -INF, high)
-        shape = (k, gt)
-        low = self.failed_shapes.get(shape, INF) if view.free_pids and (self.policy.backfill or self.fifo_blocked is None) else -INF
-        if low == INF:
-            return None  # it may start now, whatever its limit
-        if may_preempt and self._victim_index_for(j, k, view) is not None:
-            return None  # it may preempt
-        why = waiting.get(shape)
-        if why is None:
-            why = waiting[shape] = self._waiting_reason(view, k, gt)
-        return (why, low, high)
+        low = self._start_below(view, k, gt)
+        wait = self._only_waits(j, k, gt, view, lims, low, may_preempt)
+        return None if wait is None else (wait[0], low if wait[1] else -INF, high)
 
     def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
         """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
@@ -710,7 +695,7 @@ class _Cycle:
         blocked by a limit, low, high), where a job like `j` with a limit in [low, high] can
         only wait for that reason (below low it may start now, above high it is over its
         maximum time limit), or None when none can only wait."""
-        now, policy, cl = self.now, self.policy, self.cluster
+        now, cl = self.now, self.cluster
         k = j.gpus
         gt = j.gpu_type
         view = cl.views.get(gt)
@@ -726,29 +711,44 @@ class _Cycle:
             floor, why = self._floor(j)
             if floor > now:  # it only waits, for the reason `_place` gives first
                 return (why or "waiting", k, gt, view, lims, False, -INF, high)
-        # below `low` a job that no limit blocks may start now (the shapes that failed to)
-        may_start = view.free_pids and (policy.backfill or self.fifo_blocked is None)
-        low = self.failed_shapes.get((k, gt), INF) if may_start else -INF
+        low = self._start_below(view, k, gt)
         wk = (kk, k, gt, self.fifo_blocked, self.top_reserved)
         wait = self.waits.get(wk)
-        if wait is not None:
-            return (wait[0], k, gt, view, lims, wait[1], low if wait[1] else -INF, high)
-        blocked: Limit | None = None
+        if wait is None:
+            wait = self._only_waits(j, k, gt, view, lims, low, self._may_ever_preempt(j))
+            if wait is None:
+                return None
+            # a failed preemption fails again: only a start (which clears `waits`) changes it
+            self.waits[wk] = wait
+        return (wait[0], k, gt, view, lims, wait[1], low if wait[1] else -INF, high)
+
+    def _may_ever_preempt(self, j: Job) -> bool:
+        """Could a job of this kind have a right to preempt in this cycle (urgent, or some
+        guarantee exists)? Whether it has one for k GPUs is `_victim_index_for`'s question."""
+        return self.policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent")
+
+    def _start_below(self, view: View, k: int, gt: str | None) -> float:
+        """The time limit below which a job of k GPUs of this type that no limit blocks may
+        start now (the shapes that failed to start: `failed_shapes`), -INF when none may."""
+        if view.free_pids and (self.policy.backfill or self.fifo_blocked is None):
+            return self.failed_shapes.get((k, gt), INF)
+        return -INF
+
+    def _only_waits(self, j: Job, k: int, gt: str | None, view: View, lims: list[tuple[Limit, bool]],
+                    low: float, may_preempt: bool) -> tuple[str, bool] | None:
+        """Why a deep job like `j` (k GPUs of type `gt`, these limits, no begin time or
+        off-peak) can only wait, and whether no limit blocks it; None when it may start now
+        (`low` is INF: no start of its shape has failed) or may preempt (`may_preempt`: it
+        has a right to, as an urgent job or by a guarantee). Shared by `_deep_family` and
+        `_bulk_family`, which differ only in what they remember."""
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
-                blocked = lim
-                break
-        if blocked is not None:
-            self.waits[wk] = (blocked.reason, False)
-            return (blocked.reason, k, gt, view, lims, False, -INF, high)
+                return (lim.reason, False)
         if low == INF:
             return None  # it may start now, whatever its limit
-        if policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent") \
-                and self._victim_index_for(j, k, view) is not None:
+        if may_preempt and self._victim_index_for(j, k, view) is not None:
             return None  # it may preempt
-        why = self._waiting_reason(view, k, gt)
-        self.waits[wk] = (why, True)  # preemption failed for good: only a start could change it
-        return (why, k, gt, view, lims, True, low, high)
+        return (self._waiting_reason(view, k, gt), True)
 
     def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
                    lims: list[tuple[Limit, bool]], unblocked: bool,
