@@ -51,14 +51,11 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
     `pending` may be a mapping of the jobs by id, as a caller that keeps one (the server, the
     simulator) has them: the cycle then reads it, instead of building its own of a deep queue
     (8 % of a deciding cycle's instructions at 10k jobs). It is not changed, nor kept."""
-    by_id = pending if isinstance(pending, Mapping) else None
-    jobs: Collection[Job] = pending if by_id is None else by_id.values()  # type: ignore[assignment]
-    cycle = _Cycle(now, running, gpus, policy, finished or {}, jobs)
-    if by_id is not None:
-        cycle.pending_by_id = by_id
+    by_id = pending if isinstance(pending, Mapping) else dict(zip(map(_id, pending), pending))
+    cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id)
     cycle.estimate = estimate
     cycle.order = order
-    return cycle.run(jobs, as_usage(usage))
+    return cycle.run(as_usage(usage))
 
 
 _id = attrgetter("id")
@@ -90,34 +87,34 @@ def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
     return (j.gpu_type, j.user, j.group, j.priority)
 
 
-def _family_maker() -> Callable[[tuple[object, ...]], object]:
-    """The family of a `job_class` (`_Cycle._bulk_family`), for `QueueOrder.per_class`: a token
-    that the classes differing only in their time limit share, or None for a class decided
-    from its key in each cycle (dependencies, off-peak, a begin time). Classes added to an
-    order later (`per_class` makes theirs in each cycle) may get another token for the same
-    family: it is then decided once per token, with the same outcome."""
+def _tokens(key: Callable[[tuple[object, ...]], tuple[object, ...] | None]) -> Callable[[tuple[object, ...]], object]:
+    """For `QueueOrder.per_class`: a token per distinct `key(job_class)`, shared by the classes
+    with that key (None where the key is None). A token hashes faster than the key. Classes
+    added to an order later (`per_class` makes theirs in each cycle) may get another token for
+    the same key: what is decided per token is then decided twice, with the same outcome."""
     tokens: dict[tuple[object, ...], object] = {}
 
-    def family(c: tuple[object, ...]) -> object:
-        priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
-        if depends or offpeak or begin is not None:
-            return None
-        return tokens.setdefault((priority, user, group, k, gt, aid, amr), object())
+    def token(c: tuple[object, ...]) -> object:
+        k = key(c)
+        return None if k is None else tokens.setdefault(k, object())
 
-    return family
+    return token
 
 
-def _kind_maker() -> Callable[[tuple[object, ...]], object]:
-    """The kind of a `job_class` (`_Cycle._kind`: who asks, in which array, at which class), for
-    `QueueOrder.per_class`: a token that the classes of one kind share. As with families, classes
-    added to an order later may get another token for the same kind."""
-    tokens: dict[tuple[object, ...], object] = {}
+def _family_key(c: tuple[object, ...]) -> tuple[object, ...] | None:
+    """The family of a `job_class` (`_Cycle._bulk_family`): the classes differing only in
+    their time limit share it; None for a class decided from its key in each cycle
+    (dependencies, off-peak, a begin time)."""
+    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+    if depends or offpeak or begin is not None:
+        return None
+    return (priority, user, group, k, gt, aid, amr)
 
-    def kind(c: tuple[object, ...]) -> object:
-        priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
-        return tokens.setdefault((user, group, aid, amr, priority), object())
 
-    return kind
+def _kind_key(c: tuple[object, ...]) -> tuple[object, ...]:
+    """The kind of a `job_class` (`_Cycle._kind`: who asks, in which array, at which class)."""
+    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+    return (user, group, aid, amr, priority)
 
 
 _class_limit = itemgetter(5)  # the time limit in a `job_class`
@@ -128,7 +125,7 @@ class _Cycle:
     order: QueueOrder | None = None  # a kept priority order, else calculated
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
-                 finished: Mapping[int, JobState], pending: Collection[Job]):
+                 finished: Mapping[int, JobState], pending: Mapping[int, Job]):
         self.now = now
         self.policy = policy
         self.finished = finished
@@ -140,7 +137,7 @@ class _Cycle:
                      for j in running}
         self.cluster = Cluster(now, gpus, running, self.ends)
         self.quotas = Quotas(policy)
-        self.pending = pending
+        self.pending = pending  # by id
         self.limits: dict[tuple[str, object], Limit | None] = {}
         self.user_limits: dict[str, list[tuple[Limit, bool]]] = {}
         self.group_limits: dict[str | None, list[tuple[Limit, bool]]] = {}
@@ -194,13 +191,9 @@ class _Cycle:
         self._account_running(running)
 
     @cached_property
-    def pending_by_id(self) -> Mapping[int, Job]:
-        return dict(zip(map(_id, self.pending), self.pending))
-
-    @cached_property
     def active(self) -> _Active:
         """Ids of the active jobs (for dependencies only)."""
-        return _Active(self.pending_by_id, self.ends)
+        return _Active(self.pending, self.ends)
 
     # ------------------------------------------------------------------ limits
     def _limit(self, key: tuple[str, object], cap: int | None, text: str) -> Limit | None:
@@ -285,8 +278,10 @@ class _Cycle:
             heapify(self.reserve_limit.line)
 
     # ------------------------------------------------------------------ the walk
-    def run(self, pending: Collection[Job], usage: Usage) -> Plan:
+    def run(self, usage: Usage) -> Plan:
         plan, now, policy = self.plan, self.now, self.policy
+        by_id: Mapping[int, Job] = self.pending
+        pending = by_id.values()
         queue: Collection[Job] = pending
         waiting_dep: dict[int, int] = {}
         cancelled: set[int] = set()
@@ -297,7 +292,6 @@ class _Cycle:
                 cancelled.add(j.id)
             elif status == "wait":
                 waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
-        by_id = self.pending_by_id
         if cancelled:
             queue = [j for j in pending if j.id not in cancelled]
             by_id = {i: j for i, j in by_id.items() if i not in cancelled}
@@ -587,9 +581,9 @@ class _Cycle:
         decided: dict[int, str] = {}
         special: set[int] = set()
         order = self.plan.queue_order
-        family_of = order.per_class("planner.family", _family_maker())
+        family_of = order.per_class("planner.family", _tokens(_family_key))
         limit_of = order.per_class("planner.limit", _class_limit)
-        kind_of = order.per_class("planner.kind", _kind_maker())
+        kind_of = order.per_class("planner.kind", _tokens(_kind_key))
         kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]] = {}  # see `_bulk_family`
         keys: list[tuple[object, ...]] | None = None
         families: dict[object, tuple[str, float, float] | None] = {}
