@@ -117,9 +117,8 @@ class JobService:
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
-        # the pending and running jobs by id (`_keep` and `_forget` keep them), and each state's
-        # own: a cycle hands `_pending` to the scheduler as it is, without a pass over 10k jobs
-        self._active: dict[int, Job] = {}
+        # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
+        # `_pending` to the scheduler as it is, without a pass over 10k jobs
         self._pending: dict[int, Job] = {}
         self._running: dict[int, Job] = {}
         self._handles: dict[int, dict[str, Any]] = {}
@@ -220,7 +219,7 @@ class JobService:
         """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
         its recorded result); nothing else is restarted or double-allocated."""
         pending, running = self.store.active_jobs()
-        self._active, self._pending, self._running = {}, {}, {}
+        self._pending, self._running = {}, {}
         for job in pending + running:
             self._keep(job)
         self._handles = {}
@@ -330,12 +329,12 @@ class JobService:
         # decided on the loop (the store and the active jobs live here); a job that is final
         # for longer than the retention never becomes active again
         cutoff = self.clock() - self.job_retention_s
-        ids = [i for i in found if i not in self._active and i not in self._handles]
+        ids = [i for i in found if self.active_job(i) is None and i not in self._handles]
         expired: dict[int, retention.JobFiles] = {}
         for k in range(0, len(ids), 500):
             for job_id, job in self.store.get_many(ids[k:k + 500]).items():
                 if (job.state.is_final and job.ended_at is not None and job.ended_at <= cutoff
-                        and job_id not in self._active and job_id not in self._handles):
+                        and self.active_job(job_id) is None and job_id not in self._handles):
                     expired[job_id] = found[job_id]
         if not expired:
             return retention.Removed()
@@ -395,7 +394,7 @@ class JobService:
     def view(self, job: Job) -> dict[str, Any]:
         """A job as the API shows it (with its queue position, reason and expected start).
         A stored copy of an active job is shown as the engine knows it now."""
-        job = self._active.get(job.id, job)
+        job = self.active_job(job.id) or job
         reason = job.reason
         position = None
         expected = None
@@ -422,7 +421,7 @@ class JobService:
         return out
 
     def get(self, job_id: int) -> Job:
-        job = self._active.get(job_id) or self.store.get(job_id)
+        job = self.active_job(job_id) or self.store.get(job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
@@ -437,10 +436,10 @@ class JobService:
 
     def active_jobs(self) -> list[Job]:
         """Pending and running jobs as the engine knows them now."""
-        return list(self._active.values())
+        return [*self._pending.values(), *self._running.values()]
 
     def active_job(self, job_id: int) -> Job | None:
-        return self._active.get(job_id)
+        return self._pending.get(job_id) or self._running.get(job_id)
 
     def runner_handles(self) -> dict[int, dict[str, Any]]:
         """Running jobs' supervisor handles (job id -> handle)."""
@@ -451,7 +450,6 @@ class JobService:
 
     def _keep(self, job: Job) -> None:
         """A pending or running job as it now is."""
-        self._active[job.id] = job
         if job.state is JobState.PENDING:
             self._pending[job.id] = job
             self._running.pop(job.id, None)
@@ -461,7 +459,6 @@ class JobService:
 
     def _forget(self, job_id: int) -> None:
         """A job that ended."""
-        self._active.pop(job_id, None)
         self._pending.pop(job_id, None)
         self._running.pop(job_id, None)
 
@@ -493,7 +490,7 @@ class JobService:
         if group and self.group_members and user not in self.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
         for dep in fields["depends"]:
-            if self._active.get(dep.job_id) is None and self.store.get(dep.job_id) is None:
+            if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
         if fields["cwd"] is None:
             fields["cwd"] = str(self.root_dir)
@@ -703,7 +700,7 @@ class JobService:
             self._finish(exit_.job_id, exit_)
 
     def _finish(self, job_id: int, exit_: Exit) -> None:
-        job = self._active.get(job_id) or self.store.get(job_id)
+        job = self.active_job(job_id) or self.store.get(job_id)
         if job is None or job.state.is_final:
             self._handles.pop(job_id, None)
             return
@@ -739,7 +736,7 @@ class JobService:
         self._enforce_limits(running, now)
         self._account_usage(running, now)
         dep_ids = {d.job_id for j in pending.values() for d in j.depends}
-        finished = self.store.final_states(i for i in dep_ids if i not in self._active)
+        finished = self.store.final_states(i for i in dep_ids if self.active_job(i) is None)
         # Every cycle decides. Every estimate_interval (and within a second of new jobs that
         # have none) a cycle also recalculates the priorities and estimates every job's start:
         # on a deep queue that is most of a cycle's cost, and seconds of lag are harmless.
@@ -765,7 +762,7 @@ class JobService:
         for job_id, reason in plan.cancels:
             self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
         for p in plan.preemptions:
-            victim = self._active.get(p.job_id)
+            victim = self._running.get(p.job_id)
             if victim is None or victim.state is not JobState.RUNNING:
                 continue
             if victim.kind in EXTERNAL_KINDS:
@@ -774,7 +771,7 @@ class JobService:
                 self._terminate(victim, p.reason, "preempted", self.policy.preempt_grace_s)
         by_host = {(g.host, g.index): g for g in gpus}
         for start in plan.starts:
-            job = self._active.get(start.job_id)
+            job = self._pending.get(start.job_id)
             if job is None or job.state is not JobState.PENDING:
                 continue
             self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed)
