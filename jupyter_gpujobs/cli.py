@@ -114,7 +114,8 @@ def _param_pairs(pairs: Sequence[str]) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="jupyter gpujobs", description="GPU job queue for Jupyter servers.")
-    p.add_argument("--url", help="Jupyter server URL (default: GPUJOBS_URL or the running server)")
+    p.add_argument("--url", help="Jupyter server URL (default: GPUJOBS_URL, else the newest running Jupyter "
+                   "server with jupyter-gpujobs, from Jupyter's runtime dir)")
     p.add_argument("--token", help="Jupyter server token (default: GPUJOBS_TOKEN or the running server's)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
@@ -244,7 +245,6 @@ def _print_job(job: dict[str, Any], as_json: bool) -> None:
 
 def run(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    now = time.time()
     if args.cmd is None:
         build_parser().print_help()
         return 2
@@ -287,20 +287,20 @@ def run(argv: Sequence[str]) -> int:
     client = _client(args)
     if args.cmd == "queue":
         jobs = client.queue()
-        print(json.dumps(jobs, indent=2) if args.json else (format_queue(jobs, now) if jobs else "queue is empty"))
+        print(json.dumps(jobs, indent=2) if args.json else (format_queue(jobs, time.time()) if jobs else "queue is empty"))
     elif args.cmd == "list":
         user = args.user
         if user == "me" or (user is None and not args.all):
             user = client.whoami()["user"]
         jobs = client.jobs(state=args.state, user=user, limit=args.limit)["jobs"]
-        print(json.dumps(jobs, indent=2) if args.json else (format_jobs(jobs, now) if jobs else "no jobs"))
+        print(json.dumps(jobs, indent=2) if args.json else (format_jobs(jobs, time.time()) if jobs else "no jobs"))
     elif args.cmd == "show":
         job = client.job(args.id)
         if args.json:
             job["events"] = client.events(args.id)
             print(json.dumps(job, indent=2))
         else:
-            print(format_jobs([job], now))
+            print(format_jobs([job], time.time()))
             print("command: " + shlex.join(job.get("command") or []))
             for e in client.events(args.id):
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
@@ -334,7 +334,7 @@ def run(argv: Sequence[str]) -> int:
     elif args.cmd == "quota":
         return _quota(client, args)
     elif args.cmd in ("usage", "findings"):
-        return _monitor_command(client, args, now)
+        return _monitor_command(client, args)
     return 0
 
 
@@ -374,14 +374,14 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _monitor_command(client: GPUJobsClient, args: argparse.Namespace, now: float) -> int:
+def _monitor_command(client: GPUJobsClient, args: argparse.Namespace) -> int:
     """`usage` and `findings`, through the monitor's endpoints."""
     from .monitor.text import format_findings, format_heatmap, format_usage
 
     if args.cmd == "findings":
         params = {"kind": args.kind, "job": args.job, "open": None if args.all else "1"}
         found = client.api("GET", "findings", params={k: v for k, v in params.items() if v is not None})["findings"]
-        print(json.dumps(found, indent=2) if args.json else (format_findings(found, now) if found else "no findings"))
+        print(json.dumps(found, indent=2) if args.json else (format_findings(found, time.time()) if found else "no findings"))
         return 0
     params = {"since": args.since, "until": args.until}
     params = {k: v for k, v in params.items() if v is not None}

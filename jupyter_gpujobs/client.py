@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,11 +44,25 @@ class GPUJobsError(RuntimeError):
 
 
 def _running_servers() -> list[dict[str, Any]]:
-    try:
-        from jupyter_server.serverapp import list_running_servers
-    except ImportError:  # pragma: no cover - jupyter_server is a dependency
-        return []
-    return list(list_running_servers())
+    """What the running Jupyter servers wrote in Jupyter's runtime dir (`jpserver-*.json`),
+    the newest first; files left by servers that are gone are skipped.
+
+    Read here rather than with `jupyter_server.serverapp.list_running_servers`: importing the
+    server application costs two seconds (its JSON-schema formats), which every CLI call
+    would pay before its first request."""
+    import psutil
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    infos = []
+    for path in Path(jupyter_runtime_dir()).glob("jpserver-*.json"):
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            mtime = path.stat().st_mtime
+        except (OSError, ValueError):  # gone meanwhile, or still being written
+            continue
+        if isinstance(info, dict) and isinstance(info.get("pid"), int) and psutil.pid_exists(info["pid"]):
+            infos.append((mtime, info))
+    return [info for _, info in sorted(infos, key=lambda pair: pair[0], reverse=True)]
 
 
 def find_server(url: str | None = None, token: str | None = None) -> tuple[str, str]:

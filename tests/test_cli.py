@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+from servers import free_port
 
 PY = sys.executable
 
@@ -86,3 +89,32 @@ def test_cli_finds_the_running_server(live_server: Any) -> None:
     r = subprocess.run([PY, "-m", "jupyter_gpujobs.cli", "gpus"], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 1 and "no running Jupyter server" in r.stderr
+
+
+def test_cli_skips_servers_that_are_gone_or_without_the_engine(live_server: Any, tmp_path: Any) -> None:
+    """Newer info files in the runtime dir, one left by a server whose process is gone and one
+    of a live process with no jupyter-gpujobs behind its URL, do not hide the engine; with only
+    the latter the CLI says what it found. Finding the engine does not load the Jupyter server
+    application, whose imports alone took two seconds of every CLI call."""
+    server = live_server(fake_gpus="1xT4")
+    runtime = Path(server.env["JUPYTER_RUNTIME_DIR"])
+    dead = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    nowhere = f"http://127.0.0.1:{free_port()}/"
+    stale = {"pid": int(dead), "url": nowhere, "token": "x"}
+    other = {"pid": os.getpid(), "url": nowhere, "token": "x"}
+    for name, info in (("jpserver-1.json", stale), ("jpserver-2.json", other)):
+        (runtime / name).write_text(json.dumps(info))
+    later = time.time() + 60
+    for name in ("jpserver-1.json", "jpserver-2.json"):
+        os.utime(runtime / name, (later, later))
+    (runtime / "jpserver-3.json").write_text("{half written")
+    probe = ("import sys; from jupyter_gpujobs.cli import run; run(['gpus']); "
+             "print('server app loaded' if 'jupyter_server.serverapp' in sys.modules else 'lean')")
+    r = subprocess.run([PY, "-c", probe], env=server.env, capture_output=True, text=True, timeout=30)
+    assert "T4" in r.stdout and r.stdout.splitlines()[-1] == "lean", (r.stdout, r.stderr)
+
+    env = {**server.env, "JUPYTER_RUNTIME_DIR": str(tmp_path)}
+    (tmp_path / "jpserver-2.json").write_text(json.dumps(other))
+    r = subprocess.run([PY, "-m", "jupyter_gpujobs.cli", "gpus"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "none hosts jupyter-gpujobs" in r.stderr, r.stderr
