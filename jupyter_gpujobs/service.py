@@ -763,7 +763,7 @@ class JobService:
             self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
         for p in plan.preemptions:
             victim = self._running.get(p.job_id)
-            if victim is None or victim.state is not JobState.RUNNING:
+            if victim is None:  # no longer running
                 continue
             if victim.kind in EXTERNAL_KINDS:
                 self._set_state(victim.id, JobState.CANCELLED, "scheduler", p.reason, expect=(JobState.RUNNING,))
@@ -772,7 +772,7 @@ class JobService:
         by_host = {(g.host, g.index): g for g in gpus}
         for start in plan.starts:
             job = self._pending.get(start.job_id)
-            if job is None or job.state is not JobState.PENDING:
+            if job is None:  # no longer pending
                 continue
             self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed)
         self.cycle_seconds.append(time.perf_counter() - t0)
