@@ -93,11 +93,14 @@ def test_cli_finds_the_running_server(live_server: Any) -> None:
 
 def test_cli_skips_servers_that_are_gone_or_without_the_engine(live_server: Any, tmp_path: Any) -> None:
     """Newer info files in the runtime dir, one left by a server whose process is gone and one
-    of a live process with no jupyter-gpujobs behind its URL, do not hide the engine; with only
-    the latter the CLI says what it found. Finding the engine does not load the Jupyter server
-    application, whose imports alone took two seconds of every CLI call."""
+    of a live process with no jupyter-gpujobs behind its URL, do not hide the engine; of two
+    engines, the newest file's is used; with only the non-engine one the CLI says what it
+    found. Finding the engine does not load the Jupyter server application, whose imports
+    alone took two seconds of every CLI call."""
     server = live_server(fake_gpus="1xT4")
     runtime = Path(server.env["JUPYTER_RUNTIME_DIR"])
+    [own_file] = runtime.glob("jpserver-*.json")
+    own = json.loads(own_file.read_text())
     dead = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
     nowhere = f"http://127.0.0.1:{free_port()}/"
     stale = {"pid": int(dead), "url": nowhere, "token": "x"}
@@ -112,6 +115,17 @@ def test_cli_skips_servers_that_are_gone_or_without_the_engine(live_server: Any,
              "print('server app loaded' if 'jupyter_server.serverapp' in sys.modules else 'lean')")
     r = subprocess.run([PY, "-c", probe], env=server.env, capture_output=True, text=True, timeout=30)
     assert "T4" in r.stdout and r.stdout.splitlines()[-1] == "lean", (r.stdout, r.stderr)
+
+    # two engines answer: the newest info file wins (here the same server under another name)
+    alias = own["url"].replace("127.0.0.1", "localhost") if "127.0.0.1" in own["url"] \
+        else own["url"].replace("localhost", "127.0.0.1")
+    assert alias != own["url"], own
+    (runtime / "jpserver-4.json").write_text(json.dumps({**own, "pid": os.getpid(), "url": alias}))
+    where = "from jupyter_gpujobs.client import find_server; print(find_server()[0])"
+    for stamp, chosen in ((later + 60, alias), (0, own["url"])):
+        os.utime(runtime / "jpserver-4.json", (stamp, stamp))
+        r = subprocess.run([PY, "-c", where], env=server.env, capture_output=True, text=True, timeout=30)
+        assert r.stdout.strip() == chosen.rstrip("/") + "/", (stamp, r.stdout, r.stderr)
 
     env = {**server.env, "JUPYTER_RUNTIME_DIR": str(tmp_path)}
     (tmp_path / "jpserver-2.json").write_text(json.dumps(other))
