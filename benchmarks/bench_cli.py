@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_api import start_server
-from servers import stop_job_processes
+from bench_api import start_server, stop_job_processes  # bench_api puts tests/ on the path
 
 BIN = Path(sys.executable).parent
 
