@@ -31,8 +31,8 @@ def child(snapshot: str, what: str, runs: int) -> None:
     """Run `runs` cycles (or sorts) of the pickled snapshot: what valgrind counts."""
     from bench_scheduler import kept_order
 
+    from jupyter_gpujobs.engine.scheduler import schedule
     from jupyter_gpujobs.model import PRIORITY_RANK
-    from jupyter_gpujobs.scheduler import schedule
 
     with open(snapshot, "rb") as f:
         t, queue, active, gpus, policy, usage, finished = pickle.load(f)

@@ -1,4 +1,4 @@
-"""Accuracy of runtime prediction (jupyter_gpujobs.monitor.predict) on a real trace.
+"""Accuracy of runtime prediction (jupyter_gpujobs.engine.monitor.predict) on a real trace.
 
 Replays a trace from ../shared/traces/ in submit order. Each job is predicted from the jobs
 that ended before it was submitted (a job ends at submit + duration, as if it started at
@@ -27,7 +27,7 @@ from collections import defaultdict, deque
 from pathlib import Path
 from statistics import median
 
-from jupyter_gpujobs.monitor.predict import RuntimePredictor
+from jupyter_gpujobs.engine.monitor.predict import RuntimePredictor
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-11cb48.csv"
 

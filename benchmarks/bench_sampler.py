@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from statistics import median
 
-from jupyter_gpujobs.gpus import FakeBackend
+from jupyter_gpujobs.engine.gpus import FakeBackend
+from jupyter_gpujobs.engine.monitor import Monitor, MonitorSettings
+from jupyter_gpujobs.engine.runners import LocalRunner
+from jupyter_gpujobs.engine.service import JobService
+from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.model import Job, Policy, parse_fake_gpus
-from jupyter_gpujobs.monitor import Monitor, MonitorSettings
-from jupyter_gpujobs.runners import LocalRunner
-from jupyter_gpujobs.service import JobService
-from jupyter_gpujobs.store import Store
 
 GPUS = 8
 

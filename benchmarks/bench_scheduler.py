@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpujobs.engine.scheduler import Usage, schedule  # noqa: E402
 from jupyter_gpujobs.model import (  # noqa: E402
     GPU,
     PRIORITY_RANK,
@@ -48,7 +49,6 @@ from jupyter_gpujobs.model import (  # noqa: E402
     Policy,
     Quota,
 )
-from jupyter_gpujobs.scheduler import Usage, schedule  # noqa: E402
 
 V1 = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, weight_fairshare=0.0,
             preemption=False, user_max_running_jobs=50, user_max_gpus=64)

@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 
 
 def _jupyter_server_extension_points() -> list[dict[str, object]]:
-    from .server.app import GPUJobsApp
+    from .jupyter.extension import GPUJobsApp
 
-    return [{"module": "jupyter_gpujobs.server.app", "app": GPUJobsApp}]
+    return [{"module": "jupyter_gpujobs.jupyter.extension", "app": GPUJobsApp}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
@@ -21,6 +21,6 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def load_ipython_extension(ipython: object) -> None:
-    from .magics import load_ipython_extension as load
+    from .notebook.magics import load_ipython_extension as load
 
     load(ipython)

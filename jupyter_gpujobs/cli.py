@@ -249,7 +249,7 @@ def run(argv: Sequence[str]) -> int:
         build_parser().print_help()
         return 2
     if args.cmd == "kernelspec":
-        from . import kernelspec
+        from .jupyter import kernelspec
 
         return kernelspec.main(args)
     if args.cmd == "submit":
@@ -376,7 +376,7 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
 
 def _monitor_command(client: GPUJobsClient, args: argparse.Namespace) -> int:
     """`usage` and `findings`, through the monitor's endpoints."""
-    from .monitor.text import format_findings, format_heatmap, format_usage
+    from .engine.monitor.text import format_findings, format_heatmap, format_usage
 
     if args.cmd == "findings":
         params = {"kind": args.kind, "job": args.job, "open": None if args.all else "1"}

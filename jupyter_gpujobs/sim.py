@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .engine.scheduler import Usage, decay_and_add, schedule
 from .model import GPU, Job, JobState, Policy
-from .scheduler import Usage, decay_and_add, schedule
 
 LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 
@@ -185,7 +185,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     # (monitor.predict, key user + GPUs) gives from the jobs that ended before its submit
     predictor = None
     if policy.use_predictions:
-        from .monitor.predict import RuntimePredictor  # the monitor package is heavy to import
+        from .engine.monitor.predict import RuntimePredictor  # the monitor package is heavy to import
 
         predictor = RuntimePredictor()
     may_preempt = policy.preemption and bool(policy.user_quotas or policy.group_quotas or policy.default_user_quota)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import MetaData, insert, update
 
+from jupyter_gpujobs.engine.store import SchemaTooNew, Store
 from jupyter_gpujobs.model import JobState
-from jupyter_gpujobs.store import SchemaTooNew, Store
 
 FIRST = "0001"
 
@@ -66,7 +66,7 @@ def check_upgrade_keeps_jobs(url: str) -> None:
         # the upgraded database takes new work: a new job gets the next id, the monitor's tables exist
         new = store.add_jobs([{"user": "bob", "command": ["true"], "gpus": 1}], actor="bob", now=2000.0)[0]
         assert new.id > waiting
-        from jupyter_gpujobs.store.tables import Base
+        from jupyter_gpujobs.engine.store.tables import Base
 
         meta = MetaData()
         meta.reflect(store.engine)

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from jupyter_gpujobs.gpus import FakeBackend, GPUBackend, GPUSample, NoGPUBackend, fake_uuid, make_backend
+from jupyter_gpujobs.engine.gpus import (
+    FakeBackend,
+    GPUBackend,
+    GPUSample,
+    NoGPUBackend,
+    fake_uuid,
+    make_backend,
+)
 from jupyter_gpujobs.model import InvalidInput, parse_fake_gpus
 
 PY = sys.executable

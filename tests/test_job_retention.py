@@ -20,7 +20,7 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpujobs.config import GPUJobs, retention_seconds
-from jupyter_gpujobs.retention import run_may_be_alive
+from jupyter_gpujobs.engine.retention import run_may_be_alive
 
 PY = sys.executable
 

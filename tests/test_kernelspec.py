@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpujobs.kernelspec import build_spec
+from jupyter_gpujobs.jupyter.kernelspec import build_spec
 from jupyter_gpujobs.model import InvalidInput
 
 

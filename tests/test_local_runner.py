@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from jupyter_gpujobs.runners import LOST_REASON, Exit, LaunchRequest, LocalRunner
+from jupyter_gpujobs.engine.runners import LOST_REASON, Exit, LaunchRequest, LocalRunner
 
 PY = sys.executable
 
@@ -311,7 +311,7 @@ def test_recycled_pid_is_not_taken_for_the_shim(runner: LocalRunner, tmp_path: P
 SURVIVOR = """
     import json, sys
     from pathlib import Path
-    from jupyter_gpujobs.runners import LaunchRequest, LocalRunner
+    from jupyter_gpujobs.engine.runners import LaunchRequest, LocalRunner
     state, log = sys.argv[1], sys.argv[2]
     code = "import time\\nfor i in range(4):\\n    print('line', i)\\n    time.sleep(0.3)\\n"
     handle = LocalRunner(Path(state)).start(LaunchRequest(

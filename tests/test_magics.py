@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager
 
-from jupyter_gpujobs.magics import GPUJobFailed
+from jupyter_gpujobs.notebook.magics import GPUJobFailed
 
 
 class Kernel:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from servers import wait_for
 
+from jupyter_gpujobs.engine.store import monitoring as mstore
 from jupyter_gpujobs.model import GPU, JobState
-from jupyter_gpujobs.store import monitoring as mstore
 
 PY = sys.executable
 A100_MB = 40960
@@ -276,7 +276,7 @@ async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
     f = await finding(api, kind="gpu_drained", open="1")
     assert "fan noise" in f["message"] and f["gpu"] == 2
     # drained GPUs are stored: a monitor started on this store (after a restart) knows them
-    from jupyter_gpujobs.monitor import Monitor
+    from jupyter_gpujobs.engine.monitor import Monitor
 
     fresh = Monitor(monitor.service)
     fresh.load()

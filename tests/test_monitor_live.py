@@ -11,9 +11,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+from jupyter_gpujobs.engine.store import Store
+from jupyter_gpujobs.engine.store import monitoring as mstore
 from jupyter_gpujobs.model import GPU, JobState
-from jupyter_gpujobs.store import Store
-from jupyter_gpujobs.store import monitoring as mstore
 
 PY = sys.executable
 

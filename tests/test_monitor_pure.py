@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpujobs.model import GPU, Job, JobState
-from jupyter_gpujobs.monitor.diagnosis import (
+from jupyter_gpujobs.engine.monitor.diagnosis import (
     GPUErrorState,
     ProcessInfo,
     detect_gpu_errors,
@@ -20,11 +19,12 @@ from jupyter_gpujobs.monitor.diagnosis import (
     detect_rogues,
     update_gpu_errors,
 )
-from jupyter_gpujobs.monitor.predict import RuntimePredictor, command_signature, predict_runtime
-from jupyter_gpujobs.monitor.text import format_heatmap, format_usage
-from jupyter_gpujobs.monitor.usage import heatmap_report, parse_time, usage_report
-from jupyter_gpujobs.store import Store
-from jupyter_gpujobs.store import monitoring as mstore
+from jupyter_gpujobs.engine.monitor.predict import RuntimePredictor, command_signature, predict_runtime
+from jupyter_gpujobs.engine.monitor.text import format_heatmap, format_usage
+from jupyter_gpujobs.engine.monitor.usage import heatmap_report, parse_time, usage_report
+from jupyter_gpujobs.engine.store import Store
+from jupyter_gpujobs.engine.store import monitoring as mstore
+from jupyter_gpujobs.model import GPU, Job, JobState
 
 # ----------------------------------------------------------------------------- prediction
 

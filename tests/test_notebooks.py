@@ -14,7 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from jupyter_gpujobs.model import InvalidInput, Job
-from jupyter_gpujobs.notebooks import (
+from jupyter_gpujobs.notebook.notebooks import (
     INJECTED_TAG,
     check_notebook_payload,
     inject_parameters,
@@ -87,7 +87,7 @@ def test_command_and_default_output_next_to_the_input(tmp_path: Path) -> None:
     param_notebook(tmp_path / "sub" / "train.ipynb")
     payload = check_notebook_payload({"notebook": "sub/train.ipynb", "parameters": {"alpha": 0.1}}, tmp_path)
     command, out = notebook_command(_job(payload), tmp_path)
-    assert command[:4] == [sys.executable, "-m", "jupyter_gpujobs.notebooks", "run"]
+    assert command[:4] == [sys.executable, "-m", "jupyter_gpujobs.notebook.notebooks", "run"]
     assert command[4] == str(tmp_path / "sub" / "train.ipynb")
     assert command[command.index("--output") + 1] == str(tmp_path / "sub" / "train-job7.ipynb")
     assert json.loads(command[command.index("--parameters") + 1]) == {"alpha": 0.1}

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from jupyter_gpujobs.server.handlers import API, HANDLERS, SPEC_PATH
+from jupyter_gpujobs.engine.api.handlers import API, HANDLERS, SPEC_PATH
 
 VERBS = ("get", "post", "put", "delete", "patch")
 
@@ -20,7 +20,7 @@ def _spec_path(pattern: str) -> str:
 
 def _handlers() -> list[tuple[str, type]]:
     try:
-        from jupyter_gpujobs.monitor.handlers import MONITOR_HANDLERS
+        from jupyter_gpujobs.engine.api.monitor import MONITOR_HANDLERS
     except ImportError:
         MONITOR_HANDLERS = []
     return list(HANDLERS) + list(MONITOR_HANDLERS)

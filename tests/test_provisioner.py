@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from jupyter_gpujobs.provisioner import GPUKernelProvisioner, GPUKernelStartError, human_duration
+from jupyter_gpujobs.jupyter.provisioner import GPUKernelProvisioner, GPUKernelStartError, human_duration
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -394,8 +394,8 @@ def test_kernelspec_config_reaches_the_provisioner(tmp_path: Path, monkeypatch: 
 
 
 def test_notice_text_and_which_kernels_get_it() -> None:
-    from jupyter_gpujobs.kernel_notice import notice
-    from jupyter_gpujobs.provisioner import _is_ipykernel
+    from jupyter_gpujobs.jupyter.provisioner import _is_ipykernel
+    from jupyter_gpujobs.notebook.kernel_notice import notice
 
     assert notice(1000.0, 1000.0 + 299, 4 * 3600).startswith(
         "[gpujobs] this GPU kernel reaches its time limit of 4h in 4m59s (at ")

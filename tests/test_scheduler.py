@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jupyter_gpujobs.engine.scheduler import Usage, decay_and_add, schedule
 from jupyter_gpujobs.model import (
     GPU,
     Dependency,
@@ -12,7 +13,6 @@ from jupyter_gpujobs.model import (
     Policy,
     Quota,
 )
-from jupyter_gpujobs.scheduler import Usage, decay_and_add, schedule
 
 NOW = 1_700_000_000.0  # a Tuesday, 22:13 UTC
 PLAIN = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, preemption=False)

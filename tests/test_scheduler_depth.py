@@ -29,7 +29,7 @@ def started(plan: Plan) -> list[int]:
 
 
 def schedule(*args: object, **kw: object) -> Plan:
-    from jupyter_gpujobs.scheduler import schedule as real
+    from jupyter_gpujobs.engine.scheduler import schedule as real
 
     return real(*args, **kw)  # type: ignore[arg-type]
 
@@ -285,9 +285,9 @@ def test_a_kept_priority_order_places_new_jobs_as_its_calculation_would() -> Non
     """Between priority calculations the server passes the last order: jobs that left drop
     out, new and requeued ones go exactly where a calculation at the same time would put
     them, and the cycle decides as one that calculated the order itself."""
+    from jupyter_gpujobs.engine.scheduler import Usage
+    from jupyter_gpujobs.engine.scheduler.priority import QueueOrder
     from jupyter_gpujobs.model import Quota
-    from jupyter_gpujobs.scheduler import Usage
-    from jupyter_gpujobs.scheduler.priority import QueueOrder
 
     pol = Policy(user_max_running_jobs=6, user_max_gpus=10, urgent_reserve_gpus=4,
                  group_quotas={"g0": Quota(guaranteed_gpus=8, max_running_jobs=30)})
@@ -321,7 +321,7 @@ def test_the_victim_index_finds_a_victim_exactly_when_may_preempt_does() -> None
     `may_preempt` of each job: it must agree with asking each one, for every kind of preemptor."""
     import random
 
-    from jupyter_gpujobs.scheduler.preemption import VictimIndex, may_preempt
+    from jupyter_gpujobs.engine.scheduler.preemption import VictimIndex, may_preempt
 
     rnd = random.Random(7)
     classes = ["low", "normal", "high", "urgent"]

@@ -18,8 +18,8 @@ import pytest
 from schema_upgrade import check_newer_schema_is_refused, check_upgrade_keeps_jobs
 from servers import free_port
 
+from jupyter_gpujobs.engine.store import GPUAlreadyAllocated, Store
 from jupyter_gpujobs.model import JobState
-from jupyter_gpujobs.store import GPUAlreadyAllocated, Store
 
 PY = sys.executable
 
@@ -76,7 +76,7 @@ def store(postgres_url: str) -> Iterator[Store]:
     s = Store(postgres_url)
     s.migrate()
     yield s
-    from jupyter_gpujobs.store.tables import Base
+    from jupyter_gpujobs.engine.store.tables import Base
 
     with s.engine.begin() as conn:  # a clean database for the next test
         for table in reversed(Base.metadata.sorted_tables):

@@ -13,8 +13,8 @@ import ipywidgets as W
 import pytest
 from test_magics import cancel_active, shared_server
 
-from jupyter_gpujobs.magics import GPUJobFailed
-from jupyter_gpujobs.widgets import JobWidget, QueueWidget, QuotaWidget, job
+from jupyter_gpujobs.notebook.magics import GPUJobFailed
+from jupyter_gpujobs.notebook.widgets import JobWidget, QueueWidget, QuotaWidget, job
 
 
 @pytest.fixture(scope="module")

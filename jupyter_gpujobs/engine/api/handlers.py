@@ -1,0 +1,358 @@
+"""REST and websocket handlers under `{base_url}gpujobs/api/`.
+
+Handlers authenticate and authorize through jupyter_server (resource "gpujobs"), decode and
+bound the request, call the JobService, and turn its errors into JSON 4xx answers
+(`{"message": ..., "field": ...}`). They hold no business rules.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized, ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from tornado import web, websocket
+
+from ...model import InvalidInput, JobState
+from ..monitor import may_see
+from ..service import JobService, NotFound, PermissionDenied
+
+AUTH_RESOURCE = "gpujobs"
+API = "gpujobs/api"
+SPEC_PATH = Path(__file__).with_name("openapi.json")
+
+
+def job_owner(handler: JupyterHandler) -> str:
+    """The user a request acts as, and whose jobs it owns (see c.GPUJobs.user_identity)."""
+    mode = handler.settings.get("gpujobs_identity", "unix")
+    if mode == "unix":
+        return handler.settings.get("gpujobs_unix_user") or getpass.getuser()
+    user = handler.current_user
+    return getattr(user, "username", None) or str(user)
+
+
+@lru_cache(maxsize=4)
+def _printing_level(log: logging.Logger) -> logging.Logger:
+    """A child of the server's log whose level is the lowest its handlers print. traitlets
+    leaves the server's logger at DEBUG and filters in its handlers, so jupyter_server's
+    request log (a debug line for every success) built a record for each API call only for
+    the handler to drop it."""
+    child = log.getChild("gpujobs")
+    if log.handlers:
+        child.setLevel(min(h.level for h in log.handlers))
+    return child
+
+
+class GPUJobsHandler(APIHandler):
+    """Common parts: the service, the job owner, JSON bodies and error replies."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def log(self) -> logging.Logger:
+        return _printing_level(super().log)
+
+    @property
+    def service(self) -> JobService:
+        return self.settings["gpujobs_service"]
+
+    @property
+    def owner(self) -> str:
+        """The user a job belongs to (see c.GPUJobs.user_identity)."""
+        return job_owner(self)
+
+    def json_body(self) -> Any:
+        limit = self.settings.get("gpujobs_max_body", 1 << 20)
+        if len(self.request.body) > limit:
+            raise ApiError(413, "body", f"request body of {len(self.request.body)} bytes is over the limit of {limit}")
+        if not self.request.body:
+            return {}
+        try:
+            return json.loads(self.request.body)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ApiError(400, "body", f"request body is not valid JSON: {err}") from None
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def job_id(self, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ApiError(400, "id", f"job id must be a number, got {text!r}") from None
+
+    def int_arg(self, name: str, default: int | None, low: int = 0, high: int | None = None) -> int | None:
+        raw = self.get_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError(400, name, f"expected a whole number, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ApiError(400, name, f"must be {bound}, got {value}")
+        return value
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": exc.message, "field": exc.field}))
+            return
+        super().write_error(status_code, **kwargs)
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, InvalidInput):
+            e = ApiError(400, e.field, e.message)
+        elif isinstance(e, NotFound):
+            e = ApiError(404, None, str(e))
+        elif isinstance(e, PermissionDenied):
+            e = ApiError(403, None, str(e))
+        if isinstance(e, ApiError):
+            if self._finished:
+                return
+            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
+            return
+        super()._handle_request_exception(e)
+
+
+class ApiError(web.HTTPError):
+    def __init__(self, status: int, field: str | None, message: str):
+        super().__init__(status, log_message=message.replace("%", "%%"))
+        self.field = field
+        self.message = message
+
+
+class GPUsHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply({"gpus": self.service.gpu_views(), "backend": self.service.gpus.name})
+
+
+class JobsHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        states = [s for s in self.get_argument("state", "").upper().split(",") if s]
+        for s in states:
+            if s not in JobState.__members__:
+                raise ApiError(400, "state", f"unknown state {s!r}; states are {', '.join(JobState.__members__)}")
+        limit = self.int_arg("limit", 100, low=1, high=1000)
+        cursor = self.int_arg("cursor", None, low=1)
+        user = self.get_argument("user", None) or None
+        kind = self.get_argument("kind", None) or None
+        jobs, nxt = self.service.store.list_jobs(state=states or None, user=user, limit=limit or 100,
+                                                 cursor=cursor, kind=kind)
+        self.reply({"jobs": [self.service.view(j) for j in jobs], "next": nxt})
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object describing the job")
+        jobs = await self.service.submit(self.owner, body)
+        out = self.service.view(jobs[0])
+        if len(jobs) > 1:
+            out["array_tasks"] = [j.id for j in jobs]
+        self.set_header("Location", self.request.path.rstrip("/") + f"/{jobs[0].id}")
+        self.reply(out, status=201)
+
+
+class JobHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        self.reply(self.service.view(self.service.get(self.job_id(job_id))))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, job_id: str) -> None:
+        job = await self.service.cancel(self.job_id(job_id), self.owner)
+        self.reply(self.service.view(job))
+
+
+class JobEndHandler(GPUJobsHandler):
+    """`POST jobs/{id}/end {"state": "COMPLETED", "reason": "..."}`: the end of a job the engine
+    did not launch itself (a kernel, reported by the kernel provisioner)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str) -> None:
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        state = str(body.get("state", "COMPLETED")).upper()
+        if state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            raise ApiError(400, "state", f"cannot end a job as {state!r}")
+        reason = body.get("reason") or state.lower()
+        if not isinstance(reason, str):
+            raise ApiError(400, "reason", "expected a string")
+        job = self.service.finish_external(self.job_id(job_id), self.owner, JobState(state), reason)
+        self.reply(self.service.view(job))
+
+
+class JobLogHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        offset = self.int_arg("offset", 0) or 0
+        data, nxt, done = self.service.read_log(self.job_id(job_id), offset)
+        self.reply({"offset": nxt, "data": data, "done": done})
+
+
+class JobEventsHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        jid = self.job_id(job_id)
+        self.service.get(jid)
+        self.reply({"events": self.service.store.events(job_id=jid)})
+
+
+class QueueHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply({"jobs": [self.service.view(j) for j in self.service.queue()]})
+
+
+class WhoAmIHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        user = self.owner
+        self.reply({"user": user, "admin": self.service.is_admin(user)})
+
+
+class QuotaHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        from ..quota import quota_report
+
+        user = self.get_argument("user", None) or self.owner
+        if user != self.owner and not self.service.is_admin(self.owner):
+            raise ApiError(403, "user", "only admins may see another user's quota")
+        self.reply(quota_report(self.service, user))
+
+    @web.authenticated
+    @authorized
+    async def put(self) -> None:
+        """Admin: `{"scope": "users"|"groups", "name": "alice", "quota": {...} | null}`."""
+        from traitlets import TraitError
+
+        from ...config import _quota
+
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        unknown = set(body) - {"scope", "name", "quota"}
+        if unknown:
+            raise ApiError(400, sorted(unknown)[0], "unknown field; expected scope, name, quota")
+        scope, name, quota = body.get("scope"), body.get("name"), body.get("quota")
+        if scope not in ("users", "groups"):
+            raise ApiError(400, "scope", "expected 'users' or 'groups'")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "name", "expected the user or group name")
+        if quota is not None:
+            try:
+                _quota("quota", quota)
+            except TraitError as err:
+                raise ApiError(400, "quota", str(err)) from None
+        self.service.set_quota(self.owner, scope, name, quota)
+        self.reply({"scope": scope, "name": name, "quota": quota})
+
+
+class OpenAPIHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        spec = json.loads(SPEC_PATH.read_text())
+        spec["servers"] = [{"url": self.base_url.rstrip("/") + "/" + API}]
+        self.reply(spec)
+
+
+class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
+    """Websocket of job state changes (`{"type": "job", ...}`), GPU updates (`{"type": "gpus"}`)
+    and the monitor's findings as they open and close (`{"type": "finding", "finding": {...}}`),
+    the last only to whom `GET findings` shows them: the finding's user and admins."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def service(self) -> JobService:
+        return self.settings["gpujobs_service"]
+
+    async def pre_get(self) -> None:
+        user = self.current_user
+        ok = await ensure_async(self.authorizer.is_authorized(self, user, "read", AUTH_RESOURCE))
+        if not ok:
+            raise web.HTTPError(403)
+
+    @ws_authenticated
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        await ensure_async(self.pre_get())
+        res = super().get(*args, **kwargs)
+        if res is not None:
+            await res
+
+    def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._viewer = job_owner(self)
+        self._admin = self.service.is_admin(self._viewer)
+        self._unsubscribe = self.service.subscribe(self._send)
+        from tornado.ioloop import PeriodicCallback
+
+        self._gpus_timer = PeriodicCallback(self._send_gpus, 3000)
+        self._gpus_timer.start()
+        self._send_gpus()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
+            return
+        try:
+            self.write_message(json.dumps(message))
+        except websocket.WebSocketClosedError:
+            self.on_close()
+
+    def _send_gpus(self) -> None:
+        self._send({"type": "gpus", "gpus": self.service.gpu_views()})
+
+    def on_message(self, message: str | bytes) -> None:
+        pass
+
+    def on_close(self) -> None:
+        unsubscribe = getattr(self, "_unsubscribe", None)
+        if unsubscribe:
+            unsubscribe()
+            self._unsubscribe = None
+        timer = getattr(self, "_gpus_timer", None)
+        if timer:
+            timer.stop()
+
+
+_ID = r"(?P<job_id>[^/]+)"
+
+HANDLERS: list[tuple[str, type]] = [
+    (rf"/{API}/gpus/?", GPUsHandler),
+    (rf"/{API}/jobs/?", JobsHandler),
+    (rf"/{API}/jobs/{_ID}/log/?", JobLogHandler),
+    (rf"/{API}/jobs/{_ID}/events/?", JobEventsHandler),
+    (rf"/{API}/jobs/{_ID}/end/?", JobEndHandler),
+    (rf"/{API}/jobs/{_ID}/?", JobHandler),
+    (rf"/{API}/queue/?", QueueHandler),
+    (rf"/{API}/quota/?", QuotaHandler),
+    (rf"/{API}/whoami/?", WhoAmIHandler),
+    (rf"/{API}/events/?", EventsHandler),
+    (rf"/{API}/openapi.json", OpenAPIHandler),
+]

@@ -1,0 +1,170 @@
+"""REST endpoints of the monitor under `{base_url}gpujobs/api/` (`MONITOR_HANDLERS`, mounted by
+the server app next to server/handlers.py HANDLERS):
+
+- `GET findings?kind=&job=&open=1&since=&limit=`: findings (admins: all; others: theirs)
+- `POST findings/resolve {"id": N}`: admins close a finding (a drained GPU is undrained)
+- `POST gpus/drain {"gpu": 3, "host": "localhost", "draining": true, "reason": "..."}`: admins
+- `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings
+- `GET jobs/{id}/stats`: a job's GPU utilization and memory (mean, peak), its runtime
+  prediction and its findings
+- `GET usage?since=&until=&by=user|group|model`: GPU-hours
+- `GET usage/heatmap?since=&until=`: utilization by weekday x local hour
+- `GET metrics`: Prometheus text exposition
+
+Handlers only decode, check roles and call the Monitor; they hold no rules of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from ..monitor.diagnosis import KINDS
+from ..monitor.usage import heatmap_report, time_range, usage_report
+from .handlers import API, ApiError, GPUJobsHandler
+
+if TYPE_CHECKING:
+    from ..monitor import Monitor
+
+
+class MonitorHandler(GPUJobsHandler):
+    @property
+    def monitor(self) -> Monitor:
+        monitor = self.settings.get("gpujobs_monitor")
+        if monitor is None:
+            raise ApiError(404, None, "monitoring is not enabled on this server")
+        return monitor
+
+    def require_admin(self) -> None:
+        if not self.service.is_admin(self.owner):
+            raise ApiError(403, None, "only admins may do this")
+
+    def range_args(self) -> tuple[float, float]:
+        return time_range(self.get_argument("since", None), self.get_argument("until", None), time.time())
+
+
+class FindingsHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        kind = self.get_argument("kind", None) or None
+        if kind is not None and kind not in KINDS:
+            raise ApiError(400, "kind", f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        job = self.int_arg("job", None, low=1)
+        limit = self.int_arg("limit", 200, low=1, high=10_000) or 200
+        open_arg = (self.get_argument("open", "") or "").lower()
+        if open_arg not in ("", "0", "1", "true", "false"):
+            raise ApiError(400, "open", f"expected 1 or 0, got {open_arg!r}")
+        since = None
+        if self.get_argument("since", None):
+            since, _ = self.range_args()
+        user = self.owner
+        findings = self.monitor.findings(user, self.service.is_admin(user), kind=kind, job_id=job,
+                                         open_only=open_arg in ("1", "true"), since=since, limit=limit)
+        self.reply({"findings": findings})
+
+
+class FindingResolveHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict) or not isinstance(body.get("id"), int) or isinstance(body.get("id"), bool):
+            raise ApiError(400, "id", "expected {\"id\": <finding id>}")
+        finding = self.monitor.resolve(body["id"], self.owner)
+        if finding is None:
+            raise ApiError(404, "id", f"no finding {body['id']}")
+        self.reply(finding)
+
+
+class DrainHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        unknown = set(body) - {"gpu", "host", "draining", "reason"}
+        if unknown:
+            raise ApiError(400, sorted(unknown)[0], "unknown field; expected gpu, host, draining, reason")
+        gpu = body.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool):
+            raise ApiError(400, "gpu", "expected the GPU index")
+        host = body.get("host") or self.monitor.host
+        draining = body.get("draining", True)
+        if not isinstance(draining, bool):
+            raise ApiError(400, "draining", "expected true or false")
+        reason = body.get("reason") or ""
+        if not isinstance(reason, str):
+            raise ApiError(400, "reason", "expected a string")
+        if not any(g["host"] == host and g["index"] == gpu for g in self.service.gpu_views()):
+            raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
+        self.monitor.drain(host, gpu, draining, self.owner, reason)
+        self.reply({"gpus": self.service.gpu_views()})
+
+
+class GPUSamplesHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        since, until = time_range(self.get_argument("since", None), self.get_argument("until", None), time.time(),
+                                  default_span_s=3600)
+        gpu = self.int_arg("gpu", None)
+        resolution = self.int_arg("resolution", None)
+        if resolution not in (None, 0, 60, 3600):
+            raise ApiError(400, "resolution", "expected 0 (raw), 60 or 3600")
+        self.reply({"samples": self.monitor.gpu_samples(since, until, gpu, resolution)})
+
+
+class JobStatsHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        job = self.service.get(self.job_id(job_id))
+        self.reply(self.monitor.job_stats(job))
+
+
+class UsageHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        since, until = self.range_args()
+        by = self.get_argument("by", "user")
+        self.reply(usage_report(self.service.store, since, until, by, time.time()))
+
+
+class HeatmapHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        since, until = self.range_args()
+        self.reply(heatmap_report(self.service.store, since, until))
+
+
+class MetricsHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        body, content_type = self.monitor.metrics()
+        self.finish(body, set_content_type=content_type)  # APIHandler would say JSON otherwise
+
+
+_ID = r"(?P<job_id>[^/]+)"
+
+MONITOR_HANDLERS: list[tuple[str, type]] = [
+    (rf"/{API}/findings/?", FindingsHandler),
+    (rf"/{API}/findings/resolve/?", FindingResolveHandler),
+    (rf"/{API}/gpus/drain/?", DrainHandler),
+    (rf"/{API}/gpus/samples/?", GPUSamplesHandler),
+    (rf"/{API}/jobs/{_ID}/stats/?", JobStatsHandler),
+    (rf"/{API}/usage/?", UsageHandler),
+    (rf"/{API}/usage/heatmap/?", HeatmapHandler),
+    (rf"/{API}/metrics/?", MetricsHandler),
+]
+
+__all__ = ["MONITOR_HANDLERS"]

@@ -1,0 +1,335 @@
+"""Fake GPUs: a product feature for machines without GPUs (tests, demos, binder), not a mock.
+
+The inventory comes from a spec such as `"4xA100-80GB,2xT4"` (`model.parse_fake_gpus`); the
+live values come from the real processes that "use" a fake GPU.
+
+Which processes use fake GPU N (read from each process's initial environment,
+/proc/PID/environ):
+
+1. `GPUJOBS_FAKE_GPU_USE=<indices>` (comma separated, e.g. `0,2`): the process uses those
+   fake GPUs. Set it by hand to play a "rogue" process that grabbed a card outside the queue.
+2. otherwise `GPUJOBS_FAKE=1` together with `CUDA_VISIBLE_DEVICES=<indices>`: what the local
+   runner gives a job on fake GPUs. Entries of CUDA_VISIBLE_DEVICES may also be fake UUIDs.
+
+Several servers with fake GPUs on one machine (tests, a multi-user demo) each see only their
+own jobs: a server's backend has a *fleet* name, its jobs and kernels carry it in
+`GPUJOBS_FAKE_FLEET`, and a process marked with another fleet is not on its GPUs. A process
+with no fleet (a hand-made "rogue") is seen by every backend, as a real process on a real GPU is.
+
+Children inherit these variables, so a job's whole process tree counts; a process that
+clears its environment is no longer seen. Indices that do not exist are ignored.
+
+What a fake GPU reports:
+
+- utilization: the sum over its processes of each one's CPU use in percent (since the last
+  reading; since the process started on the first one), capped at 100 - a busy loop looks
+  busy, a sleeping job idle. A process may declare its value instead with
+  `GPUJOBS_FAKE_UTIL=<percent>`.
+- memory used: the sum of `GPUJOBS_FAKE_MEM_MB=<MB>` of its processes, or
+  `DEFAULT_PROCESS_MEM_MB` for one that does not say; capped at the card's memory.
+- temperature and power: plausible functions of utilization.
+
+Cost: the environment of a process is read once per (pid, start time) and cached; a reading
+lists /proc and reads /proc/PID/stat only of new pids and of the processes that use a fake
+GPU, so one sample over 8 GPUs costs well under a millisecond on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...model import GPU, FakeGPUSpec
+from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
+
+#: Memory a process on a fake GPU holds when it does not declare GPUJOBS_FAKE_MEM_MB.
+DEFAULT_PROCESS_MEM_MB = 500
+
+#: Board power (W) at full load, by model prefix; idle is ~15% of it.
+_TDP_W = {"H200": 700, "H100": 700, "A100": 400, "V100": 300, "T4": 70, "L4": 72, "L40S": 350,
+          "A10": 150, "RTX4090": 450, "P100": 250, "K80": 300}
+
+_SCAN_TTL_S = 0.25  # readings closer together than this share one scan
+_RECHECK_S = 30.0  # re-verify the start time of cached non-GPU pids this often (pid reuse)
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_LINUX = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+
+
+def fake_uuid(index: int, model: str) -> str:
+    """A stable UUID for fake GPU `index` of `model`: `GPU-fake-0000-<12 hex>`."""
+    digest = hashlib.sha1(f"{index}:{model}".encode()).hexdigest()
+    return f"GPU-fake-{index:04d}-{digest[:12]}"
+
+
+@dataclass
+class _ProcInfo:
+    start: float  # start time (ticks since boot on Linux, epoch seconds elsewhere)
+    gpus: tuple[int, ...] = ()
+    util: float | None = None  # declared GPUJOBS_FAKE_UTIL
+    mem_mb: int | None = None  # declared GPUJOBS_FAKE_MEM_MB
+    checked: float = 0.0  # monotonic time of the last start-time check
+    cpu_s: float | None = None  # CPU seconds at the last reading
+    cpu_at: float = 0.0  # monotonic time of that reading
+    cpu_percent: float = 0.0
+    first_seen: float = 0.0  # monotonic time this (pid, start) was first read
+
+
+#: A process is re-read for this long after it was first seen: between fork and exec it still
+#: has its parent's environment, and caching that as "no fake GPU" would hide a new job.
+_YOUNG_S = 2.0
+
+
+@dataclass
+class _Scan:
+    at: float
+    by_gpu: dict[int, list[tuple[int, _ProcInfo]]] = field(default_factory=dict)
+
+
+def _parse_indices(value: str, uuid_index: dict[str, int]) -> tuple[int, ...]:
+    out: list[int] = []
+    for token in value.split(","):
+        token = token.strip()
+        if token.isdigit():
+            out.append(int(token))
+        elif token in uuid_index:
+            out.append(uuid_index[token])
+    return tuple(dict.fromkeys(out))
+
+
+def _parse_float(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+# ---- process access: /proc on Linux, psutil elsewhere -----------------------------------
+
+
+def _linux_stat(pid: int) -> tuple[str, float, float] | None:
+    """(state, CPU seconds, start ticks) from /proc/PID/stat, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return rest[0].decode(), (int(rest[11]) + int(rest[12])) / _CLK_TCK, float(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _linux_environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _linux_uptime() -> float:
+    try:
+        with open("/proc/uptime", "rb") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class FakeBackend(GPUBackend):
+    """GPUs from a fake spec whose live values come from the processes that use them."""
+
+    name = "fake"
+
+    def __init__(self, specs: list[FakeGPUSpec], host: str = LOCAL_HOST,
+                 clock: Callable[[], float] = time.time, fleet: str | None = None):
+        self.host = host
+        self.clock = clock
+        self.fleet = fleet  # None: count every marked process on the machine
+        self._gpus: list[tuple[int, str, str, int]] = []  # index, uuid, model, memory MB
+        for spec in specs:
+            for _ in range(spec.count):
+                index = len(self._gpus)
+                self._gpus.append((index, fake_uuid(index, spec.model), spec.model, spec.memory_mb))
+        self._uuid_index = {uuid: index for index, uuid, _, _ in self._gpus}
+        self._procs: dict[int, _ProcInfo] = {}
+        self._scan: _Scan | None = None
+
+    # ---------------------------------------------------------------- the interface
+
+    def inventory(self) -> list[GPU]:
+        scan = self._current()
+        out = []
+        for index, uuid, model, memory in self._gpus:
+            procs = scan.by_gpu.get(index, [])
+            out.append(GPU(index=index, uuid=uuid, name=model, host=self.host, memory_total_mb=memory,
+                           memory_used_mb=self._memory(procs, memory),
+                           utilization=self._utilization(procs)))
+        return out
+
+    def processes(self) -> dict[int, list[GPUProcess]]:
+        scan = self._current()
+        return {index: [GPUProcess(pid, info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB)
+                        for pid, info in scan.by_gpu.get(index, [])]
+                for index, _, _, _ in self._gpus}
+
+    def sample(self) -> list[GPUSample]:
+        scan = self._current()
+        now = self.clock()
+        out = []
+        for index, uuid, model, memory in self._gpus:
+            procs = scan.by_gpu.get(index, [])
+            util = self._utilization(procs)
+            tdp = next((w for prefix, w in _TDP_W.items() if model.upper().startswith(prefix)), 250)
+            out.append(GPUSample(
+                index=index, uuid=uuid, time=now, utilization=util,
+                memory_used_mb=self._memory(procs, memory), memory_total_mb=memory,
+                temperature_c=round(32.0 + 0.5 * util, 1),
+                power_w=round(tdp * (0.15 + 0.85 * util / 100.0), 1),
+                ecc_errors=0, xid=None, healthy=True, processes=len(procs),
+            ))
+        return out
+
+    # ---------------------------------------------------------------- values
+
+    @staticmethod
+    def _utilization(procs: list[tuple[int, _ProcInfo]]) -> float:
+        total = 0.0
+        for _, info in procs:
+            total += info.util if info.util is not None else info.cpu_percent
+        return round(max(0.0, min(100.0, total)), 1)
+
+    @staticmethod
+    def _memory(procs: list[tuple[int, _ProcInfo]], total_mb: int) -> int:
+        used = sum(info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB for _, info in procs)
+        return max(0, min(total_mb, used))
+
+    # ---------------------------------------------------------------- scanning
+
+    def _current(self) -> _Scan:
+        mono = time.monotonic()
+        if self._scan is None or mono - self._scan.at >= _SCAN_TTL_S:
+            self._scan = self._do_scan(mono)
+        return self._scan
+
+    def _classify(self, environ: dict[str, str]) -> tuple[tuple[int, ...], float | None, int | None]:
+        owner = environ.get("GPUJOBS_FAKE_FLEET")
+        if owner and self.fleet and owner != self.fleet:
+            return (), None, None  # a job of another server's fake GPUs
+        use = environ.get("GPUJOBS_FAKE_GPU_USE")
+        if use is not None:
+            gpus = _parse_indices(use, self._uuid_index)
+        elif environ.get("GPUJOBS_FAKE") == "1" and environ.get("CUDA_VISIBLE_DEVICES"):
+            gpus = _parse_indices(environ["CUDA_VISIBLE_DEVICES"], self._uuid_index)
+        else:
+            return (), None, None
+        gpus = tuple(i for i in gpus if 0 <= i < len(self._gpus))
+        mem = _parse_float(environ.get("GPUJOBS_FAKE_MEM_MB"))
+        return gpus, _parse_float(environ.get("GPUJOBS_FAKE_UTIL")), (int(mem) if mem is not None else None)
+
+    def _do_scan(self, mono: float) -> _Scan:
+        if _LINUX:
+            return self._scan_linux(mono)
+        return self._scan_psutil(mono)
+
+    def _scan_linux(self, mono: float) -> _Scan:
+        scan = _Scan(at=mono)
+        try:
+            pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        except OSError:
+            return scan
+        live = set(pids)
+        for gone in [p for p in self._procs if p not in live]:
+            del self._procs[gone]
+        uptime: float | None = None
+        for pid in pids:
+            info = self._procs.get(pid)
+            young = info is not None and mono - info.first_seen < _YOUNG_S
+            if info is not None and not info.gpus and not young and mono - info.checked < _RECHECK_S:
+                continue  # known not to use a fake GPU
+            stat = _linux_stat(pid)
+            if stat is None:
+                self._procs.pop(pid, None)
+                continue
+            state, cpu_s, start = stat
+            if info is None or info.start != start:
+                info = self._new_info(pid, start, self._environ_linux(pid))
+                info.first_seen = mono
+                self._procs[pid] = info
+            elif young and not info.gpus:
+                fresh = self._new_info(pid, start, self._environ_linux(pid))
+                if fresh.gpus:  # it exec'ed into a job since the last scan
+                    fresh.first_seen = info.first_seen
+                    info = self._procs[pid] = fresh
+            info.checked = mono
+            if not info.gpus or state in ("Z", "X"):
+                continue
+            if info.cpu_s is None:
+                if uptime is None:
+                    uptime = _linux_uptime()
+                age = uptime - start / _CLK_TCK
+                info.cpu_percent = 100.0 * cpu_s / age if age > 0.05 else 0.0
+            elif mono > info.cpu_at:
+                info.cpu_percent = 100.0 * (cpu_s - info.cpu_s) / (mono - info.cpu_at)
+            info.cpu_s, info.cpu_at = cpu_s, mono
+            for index in info.gpus:
+                scan.by_gpu.setdefault(index, []).append((pid, info))
+        return scan
+
+    def _environ_linux(self, pid: int) -> dict[str, str]:
+        data = _linux_environ(pid)
+        if b"GPUJOBS_FAKE" not in data:
+            return {}
+        env: dict[str, str] = {}
+        for item in data.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep and (key.startswith(b"GPUJOBS_FAKE") or key == b"CUDA_VISIBLE_DEVICES"):
+                env[key.decode(errors="replace")] = value.decode(errors="replace")
+        return env
+
+    def _new_info(self, pid: int, start: float, environ: dict[str, str]) -> _ProcInfo:
+        gpus, util, mem = self._classify(environ) if environ else ((), None, None)
+        return _ProcInfo(start=start, gpus=gpus, util=util, mem_mb=mem)
+
+    def _scan_psutil(self, mono: float) -> _Scan:  # pragma: no cover - non-Linux
+        import psutil
+
+        scan = _Scan(at=mono)
+        live: set[int] = set()
+        for proc in psutil.process_iter():
+            pid = proc.pid
+            live.add(pid)
+            try:
+                start = proc.create_time()
+                info = self._procs.get(pid)
+                if info is None or info.start != start:
+                    try:
+                        environ = {k: v for k, v in proc.environ().items()
+                                   if k.startswith("GPUJOBS_FAKE") or k == "CUDA_VISIBLE_DEVICES"}
+                    except (psutil.AccessDenied, psutil.ZombieProcess):
+                        environ = {}
+                    info = self._new_info(pid, start, environ)
+                    self._procs[pid] = info
+                if not info.gpus:
+                    continue
+                times = proc.cpu_times()
+                cpu_s = times.user + times.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if info.cpu_s is None:
+                age = time.time() - info.start
+                info.cpu_percent = 100.0 * cpu_s / age if age > 0.05 else 0.0
+            elif mono > info.cpu_at:
+                info.cpu_percent = 100.0 * (cpu_s - info.cpu_s) / (mono - info.cpu_at)
+            info.cpu_s, info.cpu_at = cpu_s, mono
+            for index in info.gpus:
+                scan.by_gpu.setdefault(index, []).append((pid, info))
+        for gone in [p for p in self._procs if p not in live]:
+            del self._procs[gone]
+        return scan

@@ -1,0 +1,183 @@
+"""Real NVIDIA GPUs through NVML (the `pynvml` module of nvidia-ml-py).
+
+Every NVML query is guarded on its own: a GPU whose temperature cannot be read still appears
+in the inventory, and a GPU that fell off the bus ("GPU is lost") is reported unhealthy
+instead of breaking the listing. Xid errors are collected, where the driver supports it,
+from an NVML event set polled without waiting at each sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ...model import GPU
+from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
+
+_MB = 1024 * 1024
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class NVMLBackend(GPUBackend):
+    """GPUs read through NVML. Build with `NVMLBackend.open()` (it calls nvmlInit)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any, log: logging.Logger, host: str = LOCAL_HOST):
+        self.nvml = nvml
+        self.log = log
+        self.host = host
+        self._closed = False
+        self._warned: set[tuple[int, str]] = set()
+        self._handles: list[Any] = []
+        self._static: list[tuple[int, str, str]] = []  # index, uuid, name
+        count = nvml.nvmlDeviceGetCount()
+        for i in range(count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = self._call(i, "uuid", nvml.nvmlDeviceGetUUID, handle)
+            name = self._call(i, "name", nvml.nvmlDeviceGetName, handle)
+            self._handles.append(handle)
+            self._static.append((i, _text(uuid) if uuid is not None else f"GPU-unknown-{i}",
+                                 _text(name) if name is not None else "NVIDIA GPU"))
+        self._last_xid: dict[int, int] = {}
+        self._events: Any = None
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+            for handle in self._handles:
+                try:
+                    nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
+                except Exception:
+                    pass
+        except Exception:
+            self._events = None
+
+    @classmethod
+    def open(cls, log: logging.Logger) -> NVMLBackend:
+        """nvmlInit and read the devices; raises what NVML raises (no library, no driver)."""
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return cls(pynvml, log)
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
+
+    # ---------------------------------------------------------------- helpers
+
+    def _call(self, index: int, what: str, fn: Any, *args: Any) -> Any:
+        """fn(*args), or None when it fails (logged once per GPU and query)."""
+        try:
+            return fn(*args)
+        except Exception as err:
+            if (index, what) not in self._warned:
+                self._warned.add((index, what))
+                self.log.debug("gpujobs: NVML could not read %s of GPU %d: %s", what, index, err)
+            return None
+
+    def _memory(self, index: int) -> tuple[int | None, int | None, bool]:
+        """(total MB, used MB, healthy)."""
+        try:
+            mem = self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index])
+            return int(mem.total // _MB), int(mem.used // _MB), True
+        except Exception as err:
+            lost = isinstance(err, getattr(self.nvml, "NVMLError_GpuIsLost", ())) or "lost" in str(err).lower()
+            if (index, "memory") not in self._warned:
+                self._warned.add((index, "memory"))
+                self.log.warning("gpujobs: NVML could not read memory of GPU %d: %s", index, err)
+            return None, None, not lost
+
+    def _utilization(self, index: int) -> float | None:
+        rates = self._call(index, "utilization", self.nvml.nvmlDeviceGetUtilizationRates, self._handles[index])
+        return float(rates.gpu) if rates is not None else None
+
+    def _poll_xids(self) -> None:
+        if self._events is None:
+            return
+        uuids = {uuid: index for index, uuid, _ in self._static}
+        for _ in range(64):
+            try:
+                event = self.nvml.nvmlEventSetWait(self._events, 0)
+            except Exception:
+                return  # timeout: no event pending (or not supported)
+            try:
+                uuid = _text(self.nvml.nvmlDeviceGetUUID(event.device))
+                index = uuids.get(uuid)
+                if index is not None:
+                    self._last_xid[index] = int(event.eventData)
+                    self.log.warning("gpujobs: GPU %d reported Xid %s", index, event.eventData)
+            except Exception:
+                continue
+
+    # ---------------------------------------------------------------- the interface
+
+    def inventory(self) -> list[GPU]:
+        out = []
+        for index, uuid, name in self._static:
+            total, used, healthy = self._memory(index)
+            util = self._utilization(index)
+            out.append(GPU(index=index, uuid=uuid, name=name, host=self.host,
+                           memory_total_mb=total or 0, memory_used_mb=used or 0,
+                           utilization=util if util is not None else 0.0, healthy=healthy))
+        return out
+
+    def processes(self) -> dict[int, list[GPUProcess]]:
+        out: dict[int, list[GPUProcess]] = {}
+        for index, _, _ in self._static:
+            seen: dict[int, GPUProcess] = {}
+            for what in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                fn = getattr(self.nvml, what, None)
+                if fn is None:
+                    continue
+                for p in self._call(index, what, fn, self._handles[index]) or []:
+                    used = getattr(p, "usedGpuMemory", None)
+                    if not isinstance(used, int) or used < 0 or used >= 2**63:
+                        used_mb = None  # NVML_VALUE_NOT_AVAILABLE (e.g. in containers)
+                    else:
+                        used_mb = int(used // _MB)
+                    seen.setdefault(int(p.pid), GPUProcess(int(p.pid), used_mb))
+            out[index] = list(seen.values())
+        return out
+
+    def sample(self) -> list[GPUSample]:
+        nvml = self.nvml
+        self._poll_xids()
+        now = time.time()
+        procs = self.processes()
+        out = []
+        for index, uuid, _ in self._static:
+            handle = self._handles[index]
+            total, used, healthy = self._memory(index)
+            temp = self._call(index, "temperature", nvml.nvmlDeviceGetTemperature, handle,
+                              nvml.NVML_TEMPERATURE_GPU)
+            power = self._call(index, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+            ecc = self._call(index, "ecc", nvml.nvmlDeviceGetTotalEccErrors, handle,
+                             nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+            out.append(GPUSample(
+                index=index, uuid=uuid, time=now, utilization=self._utilization(index),
+                memory_used_mb=used, memory_total_mb=total,
+                temperature_c=float(temp) if temp is not None else None,
+                power_w=round(power / 1000.0, 1) if power is not None else None,
+                ecc_errors=int(ecc) if ecc is not None else None,
+                xid=self._last_xid.get(index), healthy=healthy,
+                processes=len(procs.get(index, [])),
+            ))
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._events is not None:
+                self.nvml.nvmlEventSetFree(self._events)
+        except Exception:
+            pass
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass

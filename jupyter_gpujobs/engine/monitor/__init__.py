@@ -1,0 +1,529 @@
+"""GPU monitoring of the engine: the `Monitor` the server app starts next to the JobService.
+
+It owns, in submodules: the sampler (periodic GPU readings, downsampled storage, per-job GPU
+stats), the pure detectors (diagnosis.py: out of memory, repeated failures, idle hogs, GPUs
+with errors, rogue processes), usage reports and the heatmap (usage.py), Prometheus metrics
+(metrics.py), runtime prediction (predict.py) and their REST endpoints (handlers.py,
+`MONITOR_HANDLERS`). The Monitor wires them to the engine: it listens to job state changes
+(`service.subscribe`), samples every `sample_interval`, stores each finding once (open
+until its condition goes away), logs it, adds a FINDING event to the job concerned, pushes
+each opened or closed finding to the engine's listeners (`{"type": "finding", "finding":
+{...}}`: the events websocket shows it to the finding's user and admins), drains a
+GPU when the admin policy says so (the inventory's `GPU.draining`, read by the scheduler),
+stops rogue processes under `rogue_policy = "kill"`, and sets `Job.predicted_runtime_s` on
+active jobs when a prediction is confident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ...model import GPU, Job, JobState, parse_duration
+from ..gpus import GPUBackend, GPUProcess, GPUSample
+from .diagnosis import (
+    Finding,
+    detect_gpu_errors,
+    detect_idle_hog,
+    detect_oom,
+    detect_repeated_failures,
+    detect_rogues,
+)
+from .predict import Prediction, RuntimePredictor, job_key
+
+if TYPE_CHECKING:
+    from ..service import JobService
+    from ..store import monitoring as mstore
+else:
+
+    class _Lazy:
+        """The store functions, imported on first use: the CLI imports monitor.text, and
+        SQLAlchemy would double its start-up time."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("jupyter_gpujobs.engine.store.monitoring"), name)
+
+    mstore = _Lazy()
+
+log = logging.getLogger("jupyter_gpujobs")
+
+_LOG_TAIL_BYTES = 64 * 1024
+_REFRESH_S = 30.0  # how often a standing finding's message and last_seen are rewritten
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """What the monitor is told (c.GPUJobs traitlets, see config.py)."""
+
+    enabled: bool = True
+    sample_interval: float = 5.0
+    raw_retention_s: float = 6 * 3600
+    minute_retention_s: float = 14 * 86400
+    hour_retention_s: float = 400 * 86400
+    idle_hog_after_s: float = 1800
+    idle_hog_threshold: float = 1.0
+    rogue_policy: str = "warn"  # "warn" | "kill"
+    rogue_ignore: tuple[str, ...] = ("Xorg", "gnome-shell", "nvidia-persistenced")
+    drain_after_errors: int = 0  # 0: never drain automatically
+    gpu_error_repeat: int = 2
+    failure_streak: int = 3
+    oom_memory_fraction: float = 0.95
+    predict_min_confidence: float = 0.6
+    kill_grace_s: float = 10
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> MonitorSettings:
+        def seconds(name: str, default: float) -> float:
+            value = getattr(cfg, name, None)
+            return float(parse_duration(value, f"c.GPUJobs.{name}")) if value not in (None, "") else default
+
+        d = cls()
+        return cls(
+            enabled=bool(getattr(cfg, "monitor", True)),
+            sample_interval=float(getattr(cfg, "sample_interval", d.sample_interval)),
+            raw_retention_s=seconds("sample_retention", d.raw_retention_s),
+            minute_retention_s=seconds("sample_retention_minutes", d.minute_retention_s),
+            hour_retention_s=seconds("sample_retention_hours", d.hour_retention_s),
+            idle_hog_after_s=seconds("idle_hog_after", d.idle_hog_after_s),
+            idle_hog_threshold=float(getattr(cfg, "idle_hog_threshold", d.idle_hog_threshold)),
+            rogue_policy=str(getattr(cfg, "rogue_policy", d.rogue_policy)),
+            rogue_ignore=tuple(getattr(cfg, "rogue_ignore", d.rogue_ignore)),
+            drain_after_errors=int(getattr(cfg, "drain_after_errors", d.drain_after_errors)),
+            failure_streak=int(getattr(cfg, "failure_streak", d.failure_streak)),
+            oom_memory_fraction=float(getattr(cfg, "oom_memory_fraction", d.oom_memory_fraction)),
+            predict_min_confidence=float(getattr(cfg, "predict_min_confidence", d.predict_min_confidence)),
+            kill_grace_s=float(cfg.seconds("kill_grace")) if hasattr(cfg, "seconds") else d.kill_grace_s,
+        )
+
+
+class DrainingBackend(GPUBackend):
+    """The engine's view of a backend with the monitor's drained GPUs marked `draining`."""
+
+    def __init__(self, inner: GPUBackend, drained: set[tuple[str, int]]):
+        self.inner = inner
+        self.drained = drained
+        self.name = inner.name
+
+    def inventory(self) -> list[GPU]:
+        gpus = self.inner.inventory()
+        if not self.drained:
+            return gpus
+        return [replace(g, draining=True) if (g.host, g.index) in self.drained else g for g in gpus]
+
+    def processes(self) -> dict[int, list[GPUProcess]]:
+        return self.inner.processes()
+
+    def sample(self) -> list[GPUSample]:
+        return self.inner.sample()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class Monitor:
+    """Sampling, diagnosis, usage, metrics and prediction for one JobService."""
+
+    def __init__(self, service: JobService, settings: MonitorSettings | None = None,
+                 logger: logging.Logger | None = None):
+        self.service = service
+        self.settings = settings or MonitorSettings()
+        self.log = logger or log
+        s = self.settings
+        self.store = service.store
+        backend = service.gpus.inner if isinstance(service.gpus, DrainingBackend) else service.gpus
+        self.backend = backend
+        self.host = getattr(backend, "host", "localhost")
+        from .metrics import WaitHistogram, make_registry
+        from .rogue import ProcessResolver, RogueKiller
+        from .sampler import Sampler
+
+        self.sampler = Sampler(backend, self.store, host=self.host, raw_keep_s=s.raw_retention_s,
+                               minute_keep_s=s.minute_retention_s, hour_keep_s=s.hour_retention_s,
+                               idle_threshold=s.idle_hog_threshold)
+        self.resolver = ProcessResolver(s.rogue_ignore)
+        self.killer = RogueKiller(s.kill_grace_s)
+        self.predictor = RuntimePredictor()
+        self.predictions: dict[int, Prediction] = {}
+        self.wait_histogram = WaitHistogram()
+        self.drained: set[tuple[str, int]] = set()
+        self.registry = make_registry(self)
+        self.last_tick_cpu_s = 0.0
+        self._open: dict[str, dict[str, float]] = {}  # kind -> open key -> last refresh (monotonic)
+        self._ended: list[int] = []
+        self._oom_jobs: dict[int, str] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._unsubscribe: Any = None
+        self._started = False
+        self._loaded = False
+
+    # ================================================================= life cycle
+
+    def install(self) -> None:
+        """Put the drained-GPU view in front of the engine's backend (before it starts)."""
+        if not isinstance(self.service.gpus, DrainingBackend):
+            self.service.gpus = DrainingBackend(self.backend, self.drained)
+        if not self._loaded:
+            self._loaded = True
+            self.load()
+
+    def load(self) -> None:
+        """What survives a restart: drained GPUs, open findings, runtime history, wait times."""
+        for f in mstore.list_findings(self.store, open_only=True, limit=100_000):
+            self._open.setdefault(f["kind"], {})[f["key"]] = 0.0
+            if f["kind"] == "gpu_drained" and f["host"] is not None and f["gpu"] is not None:
+                self.drained.add((f["host"], int(f["gpu"])))
+        for job in mstore.finished_runtimes(self.store, limit=20_000):
+            runtime = _runtime(job)
+            if runtime is not None:
+                self.predictor.add(job_key(job.user, job.name, job.command, job.gpu_type), runtime)
+        for wait in mstore.wait_times(self.store):
+            self.wait_histogram.observe(wait)
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.install()
+        self._unsubscribe = self.service.subscribe(self._on_message)
+        for job in self.service.active_jobs():
+            self._predict(job)
+        if self.drained:
+            self.service.refresh_inventory(force=True)
+        if not self.settings.enabled:
+            return
+        try:
+            self.sampler.record_inventory(self.backend.inventory(), time.time())
+        except Exception:
+            self.log.exception("gpujobs: recording the GPU inventory failed")
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+        self._process_ended()
+        self._started = False
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        wake = self._wake
+        loop = asyncio.get_running_loop()
+        next_tick = 0.0
+        while True:
+            # a timer rather than wait_for(): before Python 3.12 wait_for() can swallow the
+            # cancel of stop() when the event is set at the same moment, and stop() then hangs
+            timer = loop.call_later(max(0.0, next_tick - time.monotonic()), wake.set)
+            try:
+                await wake.wait()
+            finally:
+                timer.cancel()
+            wake.clear()
+            try:
+                self._process_ended()
+            except Exception:
+                self.log.exception("gpujobs: diagnosing ended jobs failed")
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.settings.sample_interval
+                try:
+                    self.tick(time.time())
+                except Exception:
+                    self.log.exception("gpujobs: GPU monitoring tick failed")
+
+    # ================================================================= engine events
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if message.get("type") != "job":
+            return
+        view = message.get("job") or {}
+        job_id = view.get("id")
+        state = view.get("state")
+        if job_id is None:
+            return
+        if state == JobState.RUNNING.value:
+            started, submitted = view.get("started_at"), view.get("submitted_at")
+            event = message.get("event") or {}
+            if started and submitted and event.get("state") == "RUNNING" and event.get("actor") == "scheduler":
+                self.wait_histogram.observe(started - submitted)
+        if state in (JobState.PENDING.value, JobState.RUNNING.value):
+            job = self.service.active_job(job_id)
+            if job is not None:
+                self._predict(job)
+        elif state in {s.value for s in JobState if s.is_final}:
+            self._ended.append(job_id)
+            if self._wake is not None:
+                self._wake.set()
+
+    def _predict(self, job: Job) -> Prediction:
+        p = self.predictor.predict(job_key(job.user, job.name, job.command, job.gpu_type))
+        self.predictions[job.id] = p
+        if p.seconds is not None and p.confidence >= self.settings.predict_min_confidence:
+            seconds = p.seconds if not job.time_limit_s else min(p.seconds, float(job.time_limit_s))
+            job.predicted_runtime_s = max(1.0, seconds)
+        return p
+
+    # ================================================================= ended jobs
+
+    def _process_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        for job_id in dict.fromkeys(ended):
+            job = self.store.get(job_id)
+            if job is None or not job.state.is_final:
+                continue
+            self.diagnose_ended(job, time.time())
+
+    def diagnose_ended(self, job: Job, now: float) -> list[dict[str, Any]]:
+        """Stats become final; OOM and repeated-failure findings; runtime history."""
+        out: list[dict[str, Any]] = []
+        stats = self.sampler.finish_job(job.id)
+        self.predictions.pop(job.id, None)
+        self._resolve("idle_hog", f"idle:{job.id}", now)
+        oom = detect_oom(job, self._log_tail(job.id),
+                         memory_max_fraction=stats.memory_max_fraction if stats else None,
+                         memory_max_mb=stats.memory_max_mb if stats else None,
+                         memory_total_mb=stats.memory_total_mb if stats else None,
+                         limit_fraction=self.settings.oom_memory_fraction)
+        if oom is not None:
+            self._oom_jobs[job.id] = "out of memory"
+            if len(self._oom_jobs) > 1000:
+                self._oom_jobs.pop(next(iter(self._oom_jobs)))
+            out.append(self.report(oom, now))
+        if job.state in (JobState.FAILED, JobState.LOST, JobState.COMPLETED):
+            latest = [j for j in mstore.jobs_like(self.store, job.user, job.name, job.id)
+                      if job.name or j.command == job.command]
+            finding = detect_repeated_failures(latest, self._oom_jobs, self.settings.failure_streak)
+            signature = job.name or "\0".join(job.command)
+            if finding is not None:
+                out.append(self.report(finding, now, always_event=True))
+            elif job.state is JobState.COMPLETED:
+                self._resolve("repeated_failure", f"failures:{job.user}:{signature}", now)
+        runtime = _runtime(job)
+        if runtime is not None and job.started_at is not None:
+            self.predictor.add(job_key(job.user, job.name, job.command, job.gpu_type), runtime)
+        return out
+
+    def _log_tail(self, job_id: int) -> str:
+        path = self.store.log_path(job_id)
+        if not path:
+            return ""
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - _LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    # ================================================================= the tick
+
+    def tick(self, now: float) -> None:
+        """One reading of every GPU and the detectors that run on readings."""
+        cpu0 = time.process_time()
+        running = [j for j in self.service.active_jobs() if j.state is JobState.RUNNING]
+        self.sampler.tick(now, running)
+        self._idle_hogs(now, running)
+        self._gpu_errors(now)
+        self._rogues(now, running)
+        self.last_tick_cpu_s = time.process_time() - cpu0
+
+    def _idle_hogs(self, now: float, running: list[Job]) -> None:
+        s = self.settings
+        keys = set()
+        for job in running:
+            finding = detect_idle_hog(job, self.sampler.idle_since.get(job.id), now, s.idle_hog_after_s,
+                                      s.idle_hog_threshold)
+            if finding is not None:
+                keys.add(finding.key)
+                self.report(finding, now)
+        self._resolve_missing("idle_hog", keys, now)
+
+    def _gpu_errors(self, now: float) -> None:
+        if not self.sampler.errors_changed:
+            return
+        names = {g.uuid: g.name for g in self.service.inventory}
+        for sample in self.sampler.latest:
+            if sample.uuid not in self.sampler.errors_changed:
+                continue
+            state = self.sampler.gpu_errors[sample.uuid]
+            finding = detect_gpu_errors(self.host, sample.index, sample.uuid, names.get(sample.uuid, "GPU"), state,
+                                        self.settings.drain_after_errors, self.settings.gpu_error_repeat)
+            if finding is None:
+                continue
+            drain = bool(finding.data.get("drain"))
+            self.report(finding, now, action="drained" if drain else "", force=True)
+            if drain and (self.host, sample.index) not in self.drained:
+                self.drain(self.host, sample.index, True, "monitor", f"{state.total} errors "
+                           f"(drain_after_errors={self.settings.drain_after_errors})")
+
+    def _rogues(self, now: float, running: list[Job]) -> None:
+        try:
+            processes = self.backend.processes()
+        except Exception:
+            self.log.exception("gpujobs: listing GPU processes failed")
+            return
+        allocated: dict[int, Job] = {}
+        for job in running:
+            if job.host in (None, self.host):
+                for index in job.assigned_gpus:
+                    allocated[index] = job
+        supervisors: dict[int, tuple[int, float | None]] = {}
+        for job_id, handle in self.service.runner_handles().items():
+            if handle.get("pid"):
+                supervisors[int(handle["pid"])] = (job_id, handle.get("create_time"))
+        infos = self.resolver.resolve(processes, supervisors)
+        names = {g.index: g.name for g in self.service.inventory if g.host == self.host}
+        findings = detect_rogues(self.host, infos, allocated, names)
+        by_key = {f"rogue:{self.host}:{p.gpu_index}:{p.pid}:{int(p.create_time or 0)}": p for p in infos}
+        keys = set()
+        for finding in findings:
+            keys.add(finding.key)
+            action = ""
+            if self.settings.rogue_policy == "kill":
+                info = by_key.get(finding.key)
+                if info is not None:
+                    action = self.killer.kill(info, self.resolver._protected)
+                    finding.message += f"; {action} (rogue_policy=kill)"
+            self.report(finding, now, action=action)
+        self.killer.forget_missing({(p.pid, p.create_time or 0.0) for p in infos})
+        self._resolve_missing("rogue_process", keys, now)
+
+    # ================================================================= findings
+
+    def report(self, finding: Finding, now: float, action: str = "", always_event: bool = False,
+               force: bool = False) -> dict[str, Any]:
+        """Store a finding (once per open key; refreshed every 30 s), log it and add a FINDING
+        event to its job when it is new."""
+        open_keys = self._open.setdefault(finding.kind, {})
+        mono = time.monotonic()
+        known = finding.key in open_keys
+        if known and not force and not always_event and mono - open_keys[finding.key] < _REFRESH_S:
+            return {"key": finding.key, "kind": finding.kind, "message": finding.message}
+        stored, new = mstore.add_finding(
+            self.store, now, kind=finding.kind, key=finding.key, message=finding.message,
+            severity=finding.severity, job_id=finding.job_id, user=finding.user, host=finding.host,
+            gpu_index=finding.gpu_index, pid=finding.pid, action=action, data=finding.data)
+        open_keys[finding.key] = mono
+        if new or always_event:
+            self._publish(stored)
+            level = logging.ERROR if finding.severity == "error" else logging.WARNING
+            self.log.log(level, "gpujobs finding: %s", finding.message)
+            if finding.job_id is not None:
+                try:
+                    self.store.add_event(finding.job_id, "FINDING", "monitor", finding.message, now,
+                                         data={"finding_id": stored["id"], "kind": finding.kind})
+                except Exception:
+                    self.log.exception("gpujobs: recording a finding event of job %s failed", finding.job_id)
+        return stored
+
+    def _publish(self, finding: dict[str, Any] | None) -> None:
+        """Tell the listeners (the events websockets) that a finding opened or closed."""
+        if finding is not None:
+            self.service.broadcast({"type": "finding", "finding": finding})
+
+    def _resolve(self, kind: str, key: str, now: float) -> None:
+        if self._open.get(kind, {}).pop(key, None) is None:
+            return
+        self._publish(mstore.resolve_finding(self.store, now, key=key))
+
+    def _resolve_missing(self, kind: str, keep: set[str], now: float) -> None:
+        for key in [k for k in self._open.get(kind, {}) if k not in keep]:
+            self._resolve(kind, key, now)
+
+    def open_finding_counts(self) -> dict[str, int]:
+        return {kind: len(keys) for kind, keys in self._open.items()}
+
+    def findings(self, viewer: str, admin: bool, **filters: Any) -> list[dict[str, Any]]:
+        """Findings a viewer may see: an admin all, a user those about them or their jobs."""
+        limit = int(filters.pop("limit", 200))
+        if admin:
+            return mstore.list_findings(self.store, limit=limit, **filters)
+        rows = mstore.list_findings(self.store, limit=limit * 5, **filters)
+        mine = [f for f in rows if may_see(f, viewer, admin)]
+        return mine[:limit]
+
+    def resolve(self, finding_id: int, actor: str) -> dict[str, Any] | None:
+        """An admin closes a finding; closing a `gpu_drained` one undrains the GPU."""
+        finding = mstore.get_finding(self.store, finding_id)
+        if finding is None or not finding["open"]:
+            return finding
+        if finding["kind"] == "gpu_drained" and finding["host"] is not None and finding["gpu"] is not None:
+            self.drain(finding["host"], int(finding["gpu"]), False, actor, "finding resolved")
+            return mstore.get_finding(self.store, finding_id)
+        self._open.get(finding["kind"], {}).pop(finding["key"], None)
+        closed = mstore.resolve_finding(self.store, time.time(), finding_id=finding_id, action=f"resolved by {actor}")
+        self._publish(closed)
+        return closed
+
+    # ================================================================= draining
+
+    def drain(self, host: str, index: int, draining: bool, actor: str, reason: str = "") -> None:
+        """Mark a GPU draining (no new job starts there; running ones finish) or undrain it."""
+        now = time.time()
+        key = f"drain:{host}:{index}"
+        if draining:
+            self.drained.add((host, index))
+            message = f"GPU {index} on {host} is draining (by {actor}{': ' + reason if reason else ''}); " \
+                      "no new jobs start there"
+            self.report(Finding("gpu_drained", key, message, "info", host=host, gpu_index=index,
+                                data={"by": actor, "reason": reason}), now, action="drained", force=True)
+        else:
+            self.drained.discard((host, index))
+            self._open.get("gpu_drained", {}).pop(key, None)
+            self._publish(mstore.resolve_finding(self.store, now, key=key, action=f"undrained by {actor}"))
+        self.service.refresh_inventory(force=True)
+        self.service.wake()
+
+    # ================================================================= views
+
+    def job_stats(self, job: Job) -> dict[str, Any]:
+        stats = self.sampler.stats_of(job.id)
+        out = stats.as_dict() if stats else mstore.JobStats(job_id=job.id).as_dict()
+        p = self.predictions.get(job.id)
+        if p is None and not job.state.is_final:
+            p = self._predict(job)
+        out["predicted_runtime_s"] = job.predicted_runtime_s
+        out["prediction"] = ({"seconds": p.seconds, "confidence": p.confidence, "level": p.level, "runs": p.runs,
+                              "upper_s": p.upper_s} if p else None)
+        out["findings"] = mstore.list_findings(self.store, job_id=job.id, limit=50)
+        return out
+
+    def metrics(self) -> tuple[bytes, str]:
+        from .metrics import render
+
+        return render(self.registry)
+
+    def gpu_samples(self, since: float, until: float, gpu: int | None, resolution: int | None) -> list[dict[str, Any]]:
+        return mstore.samples(self.store, since, until, resolution=resolution, gpu_index=gpu)
+
+
+def may_see(finding: dict[str, Any], viewer: str, admin: bool) -> bool:
+    """Whether a user sees a finding (`GET findings`, the events websocket): admins all of
+    them, others those about them or their jobs, and rogue processes on a GPU their job holds."""
+    return admin or finding.get("user") == viewer or (finding.get("data") or {}).get("holder_user") == viewer
+
+
+def _runtime(job: Job) -> float | None:
+    if job.run_seconds and job.run_seconds > 0:
+        return float(job.run_seconds)
+    if job.started_at is not None and job.ended_at is not None:
+        return max(0.0, job.ended_at - job.started_at)
+    return None
+
+
+__all__ = ["DrainingBackend", "Monitor", "MonitorSettings", "may_see"]

@@ -1,0 +1,106 @@
+"""Usage reports: GPU-hours by user, group or GPU model over a time range (from the
+allocations and jobs tables), and a utilization heatmap by weekday x hour of local time
+(from the stored GPU samples). Their text forms for `jupyter gpujobs usage` are in text.py.
+
+GPU-hours count every allocated GPU from its allocation to its release (or to `until` /
+now for one still held), clipped to the range. A heatmap cell is the mean utilization of
+every GPU reading whose bucket starts in that weekday and local hour, weighted by the number
+of raw readings behind it; an empty cell is None.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ...model import InvalidInput, parse_duration
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+BY = ("user", "group", "model")
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def parse_time(value: str | float | None, now: float, field: str, default: float) -> float:
+    """Epoch seconds from `1767225600`, an ISO date or time (`2026-03-01`, `2026-03-01T12:00`,
+    local time unless it says its zone), `now`, or a duration before now (`7d`, `12h`)."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if text == "now":
+        return now
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(text.lstrip("-"), field)
+    except InvalidInput:
+        raise InvalidInput(field, f"cannot read {text!r}; use epoch seconds, a date such as 2026-03-01, "
+                                  "or a duration before now such as 7d") from None
+
+
+def time_range(since: str | float | None, until: str | float | None, now: float,
+               default_span_s: float = 7 * 86400) -> tuple[float, float]:
+    end = parse_time(until, now, "until", now)
+    start = parse_time(since, now, "since", end - default_span_s)
+    if start >= end:
+        raise InvalidInput("since", "must be before until")
+    return start, end
+
+
+def usage_report(store: Store, since: float, until: float, by: str, now: float) -> dict[str, Any]:
+    """`{"since", "until", "by", "rows": [{"key", "gpu_hours", "jobs"}], "total_gpu_hours"}`,
+    biggest first."""
+    from ..store import monitoring as mstore
+
+    if by not in BY:
+        raise InvalidInput("by", f"expected one of {', '.join(BY)}, got {by!r}")
+    models = mstore.gpu_models(store) if by == "model" else {}
+    hours: dict[str, float] = {}
+    jobs: dict[str, set[int]] = {}
+    end_now = min(until, now)
+    for a in mstore.allocations_between(store, since, until):
+        start = max(since, a["started_at"])
+        end = min(until, a["released_at"] if a["released_at"] is not None else end_now)
+        if end <= start:
+            continue
+        if by == "user":
+            key = a["user"]
+        elif by == "group":
+            key = a["group"] or "(none)"
+        else:
+            key = models.get(a["gpu_uuid"], "unknown")
+        hours[key] = hours.get(key, 0.0) + (end - start) / 3600.0
+        jobs.setdefault(key, set()).add(a["job_id"])
+    rows = [{"key": k, "gpu_hours": round(v, 4), "jobs": len(jobs[k])}
+            for k, v in sorted(hours.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return {"since": since, "until": until, "by": by, "rows": rows,
+            "total_gpu_hours": round(sum(hours.values()), 4)}
+
+
+def heatmap_report(store: Store, since: float, until: float) -> dict[str, Any]:
+    """`{"since", "until", "timezone", "weekdays", "hours", "utilization": 7x24 (None where no
+    reading), "samples": 7x24 counts}` in the server's local time."""
+    from ..store import monitoring as mstore
+
+    total = [[0.0] * 24 for _ in range(7)]
+    count = [[0] * 24 for _ in range(7)]
+    for _, _, t, _, util, n in mstore.utilization_buckets(store, since, until):
+        local = time.localtime(t)
+        total[local.tm_wday][local.tm_hour] += util * n
+        count[local.tm_wday][local.tm_hour] += n
+    cells = [[round(total[d][h] / count[d][h], 2) if count[d][h] else None for h in range(24)] for d in range(7)]
+    return {"since": since, "until": until, "timezone": time.strftime("%Z") or "local",
+            "weekdays": list(WEEKDAYS), "hours": list(range(24)), "utilization": cells, "samples": count}
+
+
+__all__ = ["BY", "WEEKDAYS", "heatmap_report", "parse_time", "time_range", "usage_report"]

@@ -1,0 +1,54 @@
+"""What a user sees of their quota: their layered limits next to what they use now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import quota_to_dict
+from ..model import JobState, Quota
+
+
+def _effective(service: Any, scope: str, name: str) -> Quota | None:
+    policy = service.current_policy()
+    table = policy.user_quotas if scope == "users" else policy.group_quotas
+    quota = table.get(name)
+    if quota is None and scope == "users":
+        quota = policy.default_user_quota
+    return quota
+
+
+def quota_report(service: Any, user: str) -> dict[str, Any]:
+    """The user's quota and usage; groups they have jobs in are reported too."""
+    policy = service.current_policy()
+    mine = [j for j in service.active_jobs() if j.user == user]
+    running = [j for j in mine if j.state is JobState.RUNNING]
+    pending = [j for j in mine if j.state is JobState.PENDING]
+    quota = _effective(service, "users", user)
+    groups: dict[str, Any] = {}
+    for name in sorted({j.group for j in mine if j.group} | set(policy.group_quotas)):
+        members = [j for j in service.active_jobs() if j.group == name and j.state is JobState.RUNNING]
+        groups[name] = {
+            "quota": quota_to_dict(policy.group_quotas.get(name)),
+            "running_gpus": sum(j.gpus for j in members),
+            "running_jobs": len(members),
+        }
+    max_gpus = quota.max_gpus if quota and quota.max_gpus is not None else policy.user_max_gpus
+    max_jobs = (quota.max_running_jobs if quota and quota.max_running_jobs is not None
+                else policy.user_max_running_jobs)
+    return {
+        "user": user,
+        "running_gpus": sum(j.gpus for j in running),
+        "running_jobs": len(running),
+        "pending_jobs": len(pending),
+        "pending_gpus": sum(j.gpus for j in pending),
+        "borrowed_gpus": sum(j.gpus for j in running if j.borrowed),
+        "guaranteed_gpus": quota.guaranteed_gpus if quota else 0,
+        "elastic": quota.elastic if quota else True,
+        "max_gpus": max_gpus,
+        "max_running_jobs": max_jobs,
+        "max_time_limit_s": (quota.max_time_limit_s if quota and quota.max_time_limit_s is not None
+                             else policy.max_time_limit_s),
+        "total_gpus": len(service.inventory),
+        "urgent_reserve_gpus": policy.urgent_reserve_gpus,
+        "groups": groups,
+    }

@@ -1,0 +1,247 @@
+"""The local runner: each run of a job is supervised by its own shim process
+(`python -m jupyter_gpujobs.engine.runners.shim JOB_DIR`, see shim.py) in its own session, so runs
+keep going when the Jupyter server restarts or is SIGKILLed.
+
+A run lives in `STATE_DIR/job-<id>-<stamp>/` (private to the user): `spec.json` (what to
+run, written here), `ready` and `state.json` (the shim is up / the job's pid), `control.json`
+(a stop request, written here), `result.json` (how it ended, written by the shim atomically)
+and `shim.log` (the shim's own output, for debugging).
+
+The handle the service stores is `{"runner": "local", "job_dir", "pid", "create_time",
+"started_at"}`; pid and create time together identify the shim, so a recycled pid is never
+taken for it. `start()` does not wait for anything; `poll()` stats result files and checks
+supervisors' liveness at most every `liveness_interval` seconds, so it can run every 50 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .base import LOST_REASON, Exit, LaunchRequest, Runner, StopOutcome
+from .shim import read_json, write_json_atomic
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
+_PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
+
+
+class LocalRunner(Runner):
+    """Runs jobs on this machine under one supervisor (shim) process each."""
+
+    def __init__(self, state_dir: Path, python: str = sys.executable, liveness_interval: float = 0.5):
+        self.state_dir = Path(state_dir)
+        self.python = python
+        self.liveness_interval = liveness_interval
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(self.state_dir, 0o700)
+        except OSError:
+            pass
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # job_dir -> shims we started
+        self._checked: dict[str, float] = {}  # job_dir -> monotonic time of the last liveness check
+        self._exiting: list[subprocess.Popen[bytes]] = []  # shims that reported, to be reaped
+        self._seq = 0
+        self._standby: subprocess.Popen[bytes] | None = None
+        self._standby_pythonpath: str | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def start(self, req: LaunchRequest) -> dict[str, Any]:
+        self._seq += 1
+        job_dir = self.state_dir / f"job-{req.job_id}-{time.time_ns() // 1000:x}{self._seq}"
+        job_dir.mkdir(mode=0o700)
+        pythonpath = os.environ.get("PYTHONPATH")
+        write_json_atomic(str(job_dir / "spec.json"), {
+            "job_id": req.job_id, "command": list(req.command), "cwd": req.cwd, "env": dict(req.env),
+            "gpu_indices": list(req.gpu_indices), "gpu_uuids": list(req.gpu_uuids),
+            "time_limit_s": req.time_limit_s, "grace_s": req.grace_s,
+            "log_path": req.log_path or str(job_dir / "output.log"), "fake": bool(req.fake),
+            "pythonpath": pythonpath,
+        })
+        proc = self._take_standby(pythonpath)
+        if proc is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{job_dir}\n".encode())
+            proc.stdin.close()
+        else:
+            with open(job_dir / "shim.log", "wb") as shim_log:
+                proc = subprocess.Popen(
+                    [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", str(job_dir)],
+                    cwd=str(job_dir), env=self._shim_env(pythonpath), stdin=subprocess.DEVNULL, stdout=shim_log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+        self._spawn_standby(pythonpath)
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        self._children[str(job_dir)] = proc
+        return {"runner": "local", "job_dir": str(job_dir), "pid": proc.pid,
+                "create_time": create_time, "started_at": time.time()}
+
+    # ------------------------------------------------------------------ standby supervisor
+
+    def _shim_env(self, pythonpath: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        # the shim must import this package whatever the cwd; the job gets PYTHONPATH back as it was
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, _PSUTIL_PARENT, pythonpath) if p)
+        return env
+
+    def _spawn_standby(self, pythonpath: str | None) -> None:
+        """Start the supervisor of the next job now, so that job does not wait for an
+        interpreter to start (-S: no site-packages scan; what the shim needs is on PYTHONPATH)."""
+        try:
+            self._standby = subprocess.Popen(
+                [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", "--standby"],
+                cwd=str(self.state_dir), env=self._shim_env(pythonpath), stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            )
+            self._standby_pythonpath = pythonpath
+        except OSError:
+            self._standby = None
+
+    def _take_standby(self, pythonpath: str | None) -> subprocess.Popen[bytes] | None:
+        proc, self._standby = self._standby, None
+        if proc is None:
+            return None
+        if proc.poll() is not None or self._standby_pythonpath != pythonpath:
+            self._close_standby(proc)
+            return None
+        return proc
+
+    @staticmethod
+    def _close_standby(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            if proc.stdin:
+                proc.stdin.close()  # EOF: it exits
+            proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+
+    def close(self) -> None:
+        """Stop the standby supervisor (running jobs are not touched)."""
+        if self._standby is not None:
+            self._close_standby(self._standby)
+            self._standby = None
+
+    # ------------------------------------------------------------------ stop
+
+    def terminate(self, job_id: int, handle: dict[str, Any], reason: str,
+                  outcome: StopOutcome = "cancelled", grace_s: float = 10) -> None:
+        job_dir = handle["job_dir"]
+        control = os.path.join(job_dir, "control.json")
+        if os.path.exists(os.path.join(job_dir, "result.json")):
+            return
+        write_json_atomic(control, {"outcome": outcome, "reason": reason, "grace_s": grace_s,
+                                    "at": time.time()})
+        if not os.path.exists(os.path.join(job_dir, "ready")):
+            return  # the shim reads control.json before it starts the job
+        if self._shim_alive(handle):
+            try:
+                os.kill(int(handle["pid"]), signal.SIGTERM)
+            except OSError:
+                pass
+        else:
+            self._kill_orphans(job_dir)
+
+    # ------------------------------------------------------------------ watch
+
+    def poll(self, handles: dict[int, dict[str, Any]]) -> list[Exit]:
+        out: list[Exit] = []
+        mono = time.monotonic()
+        for job_id, handle in handles.items():
+            job_dir = handle.get("job_dir")
+            if not job_dir:
+                out.append(Exit(job_id, "lost", None, None, "no supervisor was recorded for this run", time.time()))
+                continue
+            result_path = os.path.join(job_dir, "result.json")
+            if os.path.exists(result_path):
+                exit_ = self._read_result(job_id, result_path)
+                if exit_ is not None:
+                    self._forget(job_dir)
+                    out.append(exit_)
+                    continue
+            proc = self._children.get(job_dir)
+            if proc is not None:
+                if proc.poll() is None:
+                    continue  # our own child and still running: no /proc read needed
+            elif mono - self._checked.get(job_dir, -1e9) < self.liveness_interval:
+                continue
+            self._checked[job_dir] = mono
+            if self._shim_alive(handle):
+                continue
+            exit_ = self._read_result(job_id, result_path)  # it may have finished just now
+            if exit_ is None:
+                self._kill_orphans(job_dir)
+                exit_ = Exit(job_id, "lost", None, None, LOST_REASON, time.time())
+            self._forget(job_dir)
+            out.append(exit_)
+        return out
+
+    def alive(self, handle: dict[str, Any]) -> bool:
+        job_dir = handle.get("job_dir")
+        if not job_dir or os.path.exists(os.path.join(job_dir, "result.json")):
+            return False
+        return self._shim_alive(handle)
+
+    def _shim_alive(self, handle: dict[str, Any]) -> bool:
+        job_dir = handle.get("job_dir")
+        proc = self._children.get(job_dir) if job_dir else None
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            p = psutil.Process(int(handle["pid"]))
+            if handle.get("create_time") is not None and abs(p.create_time() - float(handle["create_time"])) > 0.5:
+                return False  # the pid was recycled
+            return p.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, KeyError, TypeError, ValueError):
+            return False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _read_result(self, job_id: int, path: str) -> Exit | None:
+        data = read_json(path)
+        if data is None:
+            return None
+        return Exit(job_id=job_id, outcome=str(data.get("outcome") or "failed"),
+                    exit_code=data.get("exit_code"), signal=data.get("signal"),
+                    reason=str(data.get("reason") or ""), ended_at=float(data.get("ended_at") or time.time()))
+
+    def _forget(self, job_dir: str) -> None:
+        proc = self._children.pop(job_dir, None)
+        if proc is not None and proc.poll() is None:
+            self._exiting.append(proc)  # it exits right after writing its result; reap it later
+        self._exiting = [p for p in self._exiting if p.poll() is None]
+        self._checked.pop(job_dir, None)
+
+    def _kill_orphans(self, job_dir: str) -> None:
+        """The shim is gone but its job may not be: kill the job's process group and tree, so
+        the GPU given back is really free."""
+        state = read_json(os.path.join(job_dir, "state.json"))
+        if not state or not state.get("pid"):
+            return
+        pid = int(state["pid"])
+        try:
+            p = psutil.Process(pid)
+            started = float(state.get("started_at") or 0)
+            if started and p.create_time() > started + 1.0:
+                return  # a different process now has that pid
+            procs = [p, *p.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass

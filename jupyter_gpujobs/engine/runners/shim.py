@@ -1,0 +1,486 @@
+"""The per-job supervisor ("shim"): `python -m jupyter_gpujobs.engine.runners.shim JOB_DIR`.
+
+The local runner starts one shim per run, in its own session, so the run outlives the
+Jupyter server that started it. The shim owns one run from start to result:
+
+- reads `JOB_DIR/spec.json` (written by the runner), builds the job's environment
+  (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, empty for
+  none; CUDA_DEVICE_ORDER=PCI_BUS_ID; GPUJOBS_JOB_ID, GPUJOBS_GPU_UUIDS, GPUJOBS_TIME_LIMIT,
+  GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
+  command in its own process group with stdout and stderr merged into the log file;
+- becomes a child subreaper (Linux), so descendants that leave the process group or
+  daemonize are re-parented to it and can still be found and killed;
+- stops the whole tree (SIGTERM, grace, SIGKILL) at the time limit, when asked (SIGTERM to the
+  shim after the runner wrote `JOB_DIR/control.json` with outcome and reason), and when the
+  main process ends but left processes behind;
+- writes `JOB_DIR/result.json` atomically: outcome, exit code, signal and a reason a person
+  can act on ("failed (exit code 3)", "killed by signal SIGSEGV", "out of memory (...)").
+
+It must start fast (it is on the dispatch path), so it imports only the standard library;
+psutil is imported only when a process tree has to be stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+#: Log lines that mean the job ran out of GPU memory (searched in the log tail on a failure).
+OOM_PATTERNS = (
+    "CUDA out of memory",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "cudaErrorMemoryAllocation",
+    "RESOURCE_EXHAUSTED: Out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "out of memory on device",
+)
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write JSON so a reader sees the old file, no file, or the whole new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _format_duration(seconds: float) -> str:
+    from ...model import format_duration
+
+    return format_duration(seconds)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        return False
+
+
+def find_oom(log_path: str, start_offset: int = 0) -> str | None:
+    """The first OOM pattern in the last 64 KiB of the log written by this run, if any."""
+    try:
+        with open(log_path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start_offset, size - _LOG_TAIL_BYTES))
+            tail = f.read().decode(errors="replace").lower()
+    except OSError:
+        return None
+    for pattern in OOM_PATTERNS:
+        if pattern.lower() in tail:
+            return pattern
+    return None
+
+
+def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
+    """The environment of the job: the shim's own, the request's additions, then the
+    variables the runner guarantees (which the additions cannot override)."""
+    env = dict(base)
+    pythonpath = spec.get("pythonpath")
+    if pythonpath is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = pythonpath
+    for key in ("GPUJOBS_FAKE", "GPUJOBS_FAKE_GPU_USE"):
+        env.pop(key, None)  # never inherit a fake-GPU marker from the server
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    indices = ",".join(str(int(i)) for i in spec.get("gpu_indices") or [])
+    limit = spec.get("time_limit_s")
+    env.update({
+        "CUDA_VISIBLE_DEVICES": indices,
+        "NVIDIA_VISIBLE_DEVICES": indices,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "GPUJOBS_JOB_ID": str(spec["job_id"]),
+        "GPUJOBS_GPU_UUIDS": ",".join(spec.get("gpu_uuids") or []),
+        "GPUJOBS_TIME_LIMIT": str(int(limit)) if limit else "",
+        "GPUJOBS_PREEMPT_GRACE": str(int(spec.get("grace_s") or 0)),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if spec.get("fake"):
+        env["GPUJOBS_FAKE"] = "1"
+    return env
+
+
+def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int) -> int:
+    """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
+    stderr into `log_fd`; the child's exec error is raised here (FileNotFoundError, ...).
+
+    Done by hand rather than with `subprocess`, whose import alone costs the dispatch path
+    several milliseconds."""
+    err_r, err_w = os.pipe()  # close-on-exec: EOF on success, the errno on failure
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the child: only async-signal-safe-ish calls until exec
+        try:
+            os.setpgid(0, 0)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT,
+                        signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            if cwd:
+                os.chdir(cwd)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.execvpe(command[0], command, env)
+        except OSError as err:
+            os.write(err_w, str(err.errno or 0).encode())
+        except BaseException:
+            os.write(err_w, b"0")
+        os._exit(127)
+    os.close(err_w)
+    os.close(devnull)
+    try:
+        data = b""
+        while True:
+            try:
+                chunk = os.read(err_r, 64)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(err_r)
+    if data:
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+        errno = int(data)
+        raise OSError(errno, os.strerror(errno))  # ENOENT -> FileNotFoundError, EACCES -> PermissionError
+    return pid
+
+
+class Shim:
+    def __init__(self, job_dir: str):
+        self.job_dir = job_dir
+        self.spec_path = os.path.join(job_dir, "spec.json")
+        self.control_path = os.path.join(job_dir, "control.json")
+        self.result_path = os.path.join(job_dir, "result.json")
+        self.state_path = os.path.join(job_dir, "state.json")
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.term_requested = False
+        self.subreaper = False
+        self.child_pid: int | None = None
+        self.child_status: int | None = None
+        self.known: dict[int, float] = {}  # descendants seen: pid -> create time (no subreaper)
+
+    # ------------------------------------------------------------------ signals
+
+    def install_handlers(self) -> None:
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+
+        def on_term(signum: int, frame: Any) -> None:
+            self.term_requested = True
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_term)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        with open(os.path.join(self.job_dir, "ready"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def wait(self, timeout: float) -> None:
+        try:
+            select.select([self.wake_r], [], [], max(0.0, timeout))
+        except InterruptedError:
+            pass
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    # ------------------------------------------------------------------ processes
+
+    def reap(self) -> bool:
+        """Reap every exited child; False when no child is left at all."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return True
+            if pid == self.child_pid and self.child_status is None:
+                self.child_status = status
+
+    def tree(self) -> list[Any]:
+        """The live descendants of the shim (psutil processes)."""
+        import psutil
+
+        procs: dict[int, Any] = {}
+        try:
+            for p in psutil.Process().children(recursive=True):
+                procs[p.pid] = p
+        except psutil.Error:
+            pass
+        for pid, ctime in list(self.known.items()):
+            if pid in procs:
+                continue
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - ctime) < 0.5:
+                    procs[pid] = p
+                else:
+                    del self.known[pid]
+            except psutil.Error:
+                del self.known[pid]
+        return list(procs.values())
+
+    def remember_tree(self) -> None:
+        """Without a subreaper, remember descendants so those that get re-parented to init
+        can still be stopped."""
+        import psutil
+
+        try:
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    self.known.setdefault(p.pid, p.create_time())
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+
+    def signal_tree(self, sig: int) -> int:
+        """Send `sig` to the job's process group and every descendant; how many got it."""
+        import psutil
+
+        sent = 0
+        group: int | None = None
+        if self.child_pid is not None and self.child_status is None:
+            try:
+                os.killpg(self.child_pid, sig)  # not reaped yet, so the group id is still ours
+                group = self.child_pid
+                sent += 1
+            except OSError:
+                pass
+        for p in self.tree():
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if group is not None and os.getpgid(p.pid) == group:
+                    continue  # got it through the group: a second SIGTERM could cut its cleanup short
+                p.send_signal(sig)
+                sent += 1
+            except (psutil.Error, OSError):
+                pass
+        return sent
+
+    # ------------------------------------------------------------------ the run
+
+    def fail_to_start(self, spec: dict[str, Any], reason: str, log_fd: int | None) -> int:
+        if log_fd is not None:
+            try:
+                os.write(log_fd, f"gpujobs: {reason}\n".encode())
+            except OSError:
+                pass
+        self.write_result(spec, "failed", None, None, reason)
+        return 0
+
+    def write_result(self, spec: dict[str, Any], outcome: str, exit_code: int | None,
+                     sig: int | None, reason: str, started_at: float | None = None) -> None:
+        write_json_atomic(self.result_path, {
+            "job_id": spec.get("job_id"), "outcome": outcome, "exit_code": exit_code, "signal": sig,
+            "reason": reason, "started_at": started_at, "ended_at": time.time(), "pid": self.child_pid,
+        })
+
+    def run(self) -> int:
+        self.install_handlers()
+        spec = read_json(self.spec_path)
+        if spec is None:
+            self.write_result({}, "failed", None, None, f"supervisor could not read {self.spec_path}")
+            return 1
+        control = read_json(self.control_path)
+        if control is not None:  # stopped before it started
+            self.write_result(spec, control.get("outcome", "cancelled"), None, None,
+                              control.get("reason", "cancelled"))
+            return 0
+
+        log_path = spec.get("log_path") or os.path.join(self.job_dir, "output.log")
+        log_fd: int | None = None
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as err:
+            return self.fail_to_start(spec, f"cannot open the log file {log_path}: {err.strerror}", None)
+        log_start = os.lseek(log_fd, 0, os.SEEK_END)
+
+        command = [str(c) for c in spec.get("command") or []]
+        cwd = spec.get("cwd") or None
+        if not command:
+            return self.fail_to_start(spec, "no command to run", log_fd)
+        if cwd and not os.path.isdir(cwd):
+            return self.fail_to_start(spec, f"working directory not found: {cwd}", log_fd)
+
+        env = job_environment(spec, dict(os.environ))
+        self.subreaper = _become_subreaper()
+        try:
+            pid = spawn(command, cwd, env, log_fd)
+        except FileNotFoundError:
+            return self.fail_to_start(spec, f"command not found: {command[0]}", log_fd)
+        except PermissionError:
+            return self.fail_to_start(spec, f"permission denied: {command[0]}", log_fd)
+        except OSError as err:
+            return self.fail_to_start(spec, f"could not start {command[0]}: {err.strerror or err}", log_fd)
+        os.close(log_fd)
+        self.child_pid = pid
+        started_mono = time.monotonic()
+        started_at = time.time()
+        write_json_atomic(self.state_path, {"pid": pid, "pgid": pid, "started_at": started_at,
+                                            "shim_pid": os.getpid()})
+
+        limit = spec.get("time_limit_s")
+        grace = float(spec.get("grace_s") if spec.get("grace_s") is not None else 10)
+        deadline = started_mono + float(limit) if limit else None
+        stop: tuple[str, str] | None = None  # (outcome, reason) once stopping
+        kill_at: float | None = None
+        killed = False
+        leftovers_stopping = False
+        next_scan = started_mono
+        while True:
+            have_children = self.reap()
+            now = time.monotonic()
+            if self.child_status is None:
+                if stop is None:
+                    control = read_json(self.control_path) if (
+                        self.term_requested or os.path.exists(self.control_path)) else None
+                    if control is not None or self.term_requested:
+                        control = control or {}
+                        stop = (str(control.get("outcome") or "cancelled"),
+                                str(control.get("reason") or "stopped by a signal to the supervisor"))
+                        if control.get("grace_s") is not None:
+                            grace = float(control["grace_s"])
+                    elif deadline is not None and now >= deadline:
+                        stop = ("timeout", f"time limit of {_format_duration(float(limit))} reached")
+                    if stop is not None:
+                        self.signal_tree(signal.SIGTERM)
+                        kill_at = now + grace
+                if kill_at is not None and now >= kill_at and not killed:
+                    self.signal_tree(signal.SIGKILL)
+                    killed = True
+                if not self.subreaper and now >= next_scan:
+                    self.remember_tree()
+                    next_scan = now + 1.0
+            else:
+                # the main process ended: nothing of the run may outlive it
+                if not have_children and not (self.known and self.tree()):
+                    break
+                if not leftovers_stopping:
+                    leftovers_stopping = True
+                    if not killed:
+                        self.signal_tree(signal.SIGTERM)
+                        soon = now + min(grace, 5.0)
+                        kill_at = min(kill_at, soon) if kill_at is not None else soon
+                elif kill_at is not None and now >= kill_at:
+                    if self.signal_tree(signal.SIGKILL) == 0 and not have_children:
+                        break
+                    kill_at = now + 0.5
+            waits = [0.5]
+            if deadline is not None and stop is None:
+                waits.append(deadline - now)
+            if kill_at is not None:
+                waits.append(kill_at - now)
+            if self.child_status is not None or killed:
+                waits.append(0.05)
+            self.wait(min(waits))
+
+        status = self.child_status if self.child_status is not None else 0
+        exit_code: int | None = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        sig: int | None = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        if stop is not None:
+            outcome, reason = stop
+        elif exit_code == 0:
+            outcome, reason = "completed", "completed"
+        else:
+            pattern = find_oom(log_path, log_start)
+            how = f"exit code {exit_code}" if exit_code is not None else f"killed by signal {_signal_name(sig or 0)}"
+            if pattern:
+                outcome, reason = "oom", f"out of memory ({pattern} in the log; {how})"
+            elif exit_code is not None:
+                outcome, reason = "failed", f"failed (exit code {exit_code})"
+            else:
+                outcome, reason = "failed", how
+        self.write_result(spec, outcome, exit_code, sig, reason, started_at)
+        return 0
+
+
+def standby() -> str | None:
+    """Wait, already started, for the runner to name a job dir on stdin (one line); then
+    become that job's supervisor. This takes the interpreter's start-up off the dispatch path."""
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None  # the runner went away (EOF)
+    os.chdir(line)
+    log_fd = os.open(os.path.join(line, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null_fd, 0), (log_fd, 1), (log_fd, 2)):
+        os.dup2(fd, target)
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--standby"]:
+        job_dir = standby()
+        if job_dir is None:
+            return 0
+        args = [job_dir]
+    if len(args) != 1:
+        print("usage: python -m jupyter_gpujobs.engine.runners.shim JOB_DIR", file=sys.stderr)
+        return 2
+    shim = Shim(args[0])
+    try:
+        return shim.run()
+    except Exception as err:  # never leave a run without a result or a process behind
+        import traceback
+
+        traceback.print_exc()
+        try:
+            shim.signal_tree(signal.SIGKILL)
+        except Exception:
+            pass
+        shim.write_result(read_json(shim.spec_path) or {}, "failed", None, None, f"supervisor error: {err}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,989 @@
+"""The planner: one scheduling cycle, `schedule()`, tying the small modules together.
+
+Order the queue (priority.py), then walk it once. Each job either starts now on free GPUs
+that no earlier job's reservation needs (placement.py), asks for preemption (preemption.py),
+or is booked on the GPU time line, which gives its expected start and keeps later jobs from
+delaying it. Deferral (deferral.py) and limits (quotas.py) give a job a floor on that time
+line. Jobs waiting for a dependency are walked last, from their targets' expected ends.
+
+Cost (docs/scheduling.md, "Performance"): only the first `policy.reservation_depth` jobs that
+cannot start are booked in detail on the GPU time line (like Slurm's bf_max_job_test); deeper
+jobs get an aggregate estimate (`AggregateLine`), clamped to the detailed time line, and still
+start now when free GPUs allow without delaying any reservation. Start-now attempts are
+memoised by shape: once k GPUs of a type cannot start now for time limit T, no later job with
+k' >= k GPUs of that type and limit >= T is tried (free GPUs and holes only shrink in a walk);
+failed preemption attempts are memoised the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import cached_property
+from heapq import heapify, heappop, heappush, heapreplace
+from itertools import compress, islice
+from operator import attrgetter, itemgetter
+
+from ...model import GPU, Job, JobState, Plan, Policy, Preemption, Start
+from .deferral import clock_text, dependency_status, next_window_start
+from .fairshare import Usage, as_usage
+from .placement import INF, AggregateLine, Cluster, View
+from .preemption import VictimIndex, choose_victims, victims_text
+from .priority import QueueOrder
+from .quotas import Limit, Quotas
+
+
+def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Sequence[Job], gpus: Sequence[GPU],
+             policy: Policy, usage: Usage | Mapping[str, float] | None = None,
+             finished: Mapping[int, JobState] | None = None, estimate: bool = True,
+             order: QueueOrder | None = None) -> Plan:
+    """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
+
+    With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
+    reasons, and books the reservations of the first `policy.reservation_depth` blocked jobs,
+    but gives the jobs past that depth no expected start (`plan.expected_start` has no entry
+    for them): the deep-queue estimate is most of a cycle's cost, and a server refreshes it
+    less often than it decides (see `GPUJobs.estimate_interval`).
+
+    `order` is the priority order of an earlier cycle (its `plan.queue_order`): the jobs it
+    holds keep their places, new ones take theirs, and the priorities are not recalculated
+    (the server recalculates them with the estimates). None: calculate them now.
+
+    `pending` may be a mapping of the jobs by id, as a caller that keeps one (the server, the
+    simulator) has them: the cycle then reads it, instead of building its own of a deep queue
+    (8 % of a deciding cycle's instructions at 10k jobs). It is not changed, nor kept."""
+    by_id = pending if isinstance(pending, Mapping) else dict(zip(map(_id, pending), pending))
+    cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id)
+    cycle.estimate = estimate
+    cycle.order = order
+    return cycle.run(as_usage(usage))
+
+
+_id = attrgetter("id")
+_depends = attrgetter("depends")
+
+
+class _Active:
+    """Is a job id pending or running? (`in`, without a set of every id)"""
+
+    __slots__ = ("pending", "running")
+
+    def __init__(self, pending: Mapping[int, Job], running: Mapping[int, float]):
+        self.pending, self.running = pending, running
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.pending or job_id in self.running
+
+
+def _may_fit(k: int, lims: list[tuple[Limit, bool]]) -> bool:
+    """No limit is smaller than the job (else it can never start, and gets no estimate)."""
+    return all((k if per_gpu else 1) <= lim.cap for lim, per_gpu in lims)
+
+
+def _preempt_memo(j: Job) -> tuple[str | None, str | None, str | None, str]:
+    """What a preemption attempt's outcome depends on besides the GPUs asked: an urgent job's
+    victims do not depend on who asks (`preemption.may_preempt`), a guarantee's do."""
+    if j.priority == "urgent":
+        return (j.gpu_type, None, None, "urgent")
+    return (j.gpu_type, j.user, j.group, j.priority)
+
+
+def _tokens(key: Callable[[tuple[object, ...]], tuple[object, ...] | None]) -> Callable[[tuple[object, ...]], object]:
+    """For `QueueOrder.per_class`: a token per distinct `key(job_class)`, shared by the classes
+    with that key (None where the key is None). A token hashes faster than the key. Classes
+    added to an order later (`per_class` makes theirs in each cycle) may get another token for
+    the same key: what is decided per token is then decided twice, with the same outcome."""
+    tokens: dict[tuple[object, ...], object] = {}
+
+    def token(c: tuple[object, ...]) -> object:
+        k = key(c)
+        return None if k is None else tokens.setdefault(k, object())
+
+    return token
+
+
+def _family_key(c: tuple[object, ...]) -> tuple[object, ...] | None:
+    """The family of a `job_class` (`_Cycle._bulk_family`): the classes differing only in
+    their time limit share it; None for a class decided from its key in each cycle
+    (dependencies, off-peak, a begin time)."""
+    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+    if depends or offpeak or begin is not None:
+        return None
+    return (priority, user, group, k, gt, aid, amr)
+
+
+def _kind_key(c: tuple[object, ...]) -> tuple[object, ...]:
+    """The kind of a `job_class` (`_Cycle._kind`: who asks, in which array, at which class)."""
+    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+    return (user, group, aid, amr, priority)
+
+
+_class_limit = itemgetter(5)  # the time limit in a `job_class`
+
+
+class _Cycle:
+    estimate = True  # book the jobs past the reservation depth for their expected start
+    order: QueueOrder | None = None  # a kept priority order, else calculated
+
+    def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
+                 finished: Mapping[int, JobState], pending: Mapping[int, Job]):
+        self.now = now
+        self.policy = policy
+        self.finished = finished
+        self.gpus = gpus
+        self.running = running
+        self.plan = Plan()
+        dl = policy.default_time_limit_s
+        self.ends = {j.id: (j.started_at if j.started_at is not None else now) + (j.time_limit_s or dl)
+                     for j in running}
+        self.cluster = Cluster(now, gpus, running, self.ends)
+        self.quotas = Quotas(policy)
+        self.pending = pending  # by id
+        self.limits: dict[tuple[str, object], Limit | None] = {}
+        self.user_limits: dict[str, list[tuple[Limit, bool]]] = {}
+        self.group_limits: dict[str | None, list[tuple[Limit, bool]]] = {}
+        self.user_gpus: dict[str, int] = {}
+        self.group_gpus: dict[str, int] = {}
+        self.claimed: dict[str, int] = {}
+        self.expected: dict[int, float | None] = self.plan.expected_start
+        self.reserve_limit: Limit | None = None
+        if policy.urgent_reserve_gpus > 0:
+            cap = max(0, self.cluster.total - policy.urgent_reserve_gpus)
+            self.reserve_limit = Limit(cap, f"the last {policy.urgent_reserve_gpus} GPUs are kept for urgent jobs")
+        self.victims: set[int] = set()
+        self.candidates: dict[int, list[Job]] | None = None
+        self.victim_index: dict[str | None, VictimIndex] = {}  # by GPU type, while no job is preempted
+        self._limit_s: dict[int, float] = {}
+        # cost controls (see the module docstring)
+        depth = policy.reservation_depth
+        self.depth: float = INF if depth is None else max(0, depth)
+        self.reserved_n = 0
+        self.deep: AggregateLine | None = None
+        # policy.use_predictions: expected starts from predicted runtimes (estimates only)
+        self.pred: AggregateLine | None = None
+        if policy.use_predictions:
+            busy: dict[tuple[str, int], float] = {}
+            for r in running:
+                if r.host is None:
+                    continue
+                end = self.ends[r.id]
+                if r.predicted_runtime_s is not None and r.started_at is not None:
+                    guess = r.started_at + r.predicted_runtime_s
+                    if guess <= now:  # past its prediction: as long again, within its limit
+                        guess = now + r.predicted_runtime_s
+                    end = min(end, guess)
+                for i in r.assigned_gpus:
+                    busy[(r.host, i)] = max(end, now)
+            self.pred = AggregateLine(self.cluster, busy)
+        self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
+        # (type, user, group, class) -> fewest GPUs for which preemption failed
+        self.failed_preempt: dict[tuple[str | None, str | None, str | None, str], int] = {}
+        self.kinds: dict[tuple[str, str | None, int | None, int | None, str],
+                         tuple[list[tuple[Limit, bool]], int | None]] = {}
+        self.shape_floor: dict[tuple[int, str | None], float] = {}  # (k, type) -> cl.earliest
+        self.reason_cache: dict[tuple[int, str | None, int | None, int | None], str] = {}
+        # (kind, GPUs, type, jobs named in reasons) -> (reason, not blocked by a limit) of deep
+        # jobs that can only wait whatever their time limit (cleared when the GPUs change)
+        self.waits: dict[tuple[object, ...], tuple[str, bool]] = {}
+        self.lims_cache: dict[tuple[str, str | None, int | None, int | None, bool], list[tuple[Limit, bool]]] = {}
+        self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
+        self.default_limit = float(policy.default_time_limit_s)
+        self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
+        self._account_running(running)
+
+    @cached_property
+    def active(self) -> _Active:
+        """Ids of the active jobs (for dependencies only)."""
+        return _Active(self.pending, self.ends)
+
+    # ------------------------------------------------------------------ limits
+    def _limit(self, key: tuple[str, object], cap: int | None, text: str) -> Limit | None:
+        if key in self.limits:
+            return self.limits[key]
+        lim = Limit(cap, text) if cap is not None else None
+        self.limits[key] = lim
+        return lim
+
+    def _kind(self, j: Job) -> tuple[list[tuple[Limit, bool]], int | None]:
+        """The limits that apply to a job and its maximum time limit (cached per kind of job)."""
+        key = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
+        kind = self.kinds.get(key)
+        if kind is None:
+            ug = (j.user, j.group)
+            mt = self.mtl_cache.get(ug)
+            if mt is None:
+                mt = self.mtl_cache[ug] = self.quotas.max_time_limit(j.user, j.group)
+            kind = self.kinds[key] = (self._limits_of(j), mt[0])
+        return kind
+
+    def _limits_of(self, j: Job) -> list[tuple[Limit, bool]]:
+        """(limit, counts GPUs?) pairs that apply to a job (cached per kind of job)."""
+        key = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority == "urgent")
+        out = self.lims_cache.get(key)
+        if out is None:
+            out = self.lims_cache[key] = self._limits_uncached(j)
+        return out
+
+    def _limits_uncached(self, j: Job) -> list[tuple[Limit, bool]]:
+        ul = self.user_limits.get(j.user)
+        if ul is None:
+            jobs_cap, gpus_cap = self.quotas.user_caps(j.user)
+            ul = []
+            lim = self._limit(("uj", j.user), jobs_cap, f"user limit of {jobs_cap} running jobs reached")
+            if lim:
+                ul.append((lim, False))
+            lim = self._limit(("ug", j.user), gpus_cap, f"user limit of {gpus_cap} GPUs reached")
+            if lim:
+                ul.append((lim, True))
+            self.user_limits[j.user] = ul
+        gl = self.group_limits.get(j.group)
+        if gl is None:
+            jobs_cap, gpus_cap = self.quotas.group_caps(j.group)
+            gl = []
+            lim = self._limit(("gj", j.group), jobs_cap, f"group {j.group} limit of {jobs_cap} running jobs reached")
+            if lim:
+                gl.append((lim, False))
+            lim = self._limit(("gg", j.group), gpus_cap, f"group {j.group} limit of {gpus_cap} GPUs reached")
+            if lim:
+                gl.append((lim, True))
+            self.group_limits[j.group] = gl
+        out = ul + gl if gl else ul
+        if j.array_job_id is not None and j.array_max_running:
+            lim = self._limit(("a", j.array_job_id), j.array_max_running,
+                              f"array limit of {j.array_max_running} running tasks")
+            if lim:
+                out = out + [(lim, False)]
+        if self.reserve_limit is not None and j.priority != "urgent":
+            out = out + [(self.reserve_limit, True)]
+        return out
+
+    def _account_running(self, running: Sequence[Job]) -> None:
+        """The running jobs' use of the limits, now and on the limits' time lines (each line
+        is filled, then made a heap once), and of GPUs per user and group."""
+        ends, user_gpus, group_gpus = self.ends, self.user_gpus, self.group_gpus
+        for j in running:
+            n = len(j.assigned_gpus) if j.assigned_gpus else j.gpus
+            end = ends[j.id]
+            for lim, per_gpu in self._limits_of(j):
+                a = n if per_gpu else 1
+                lim.now_used += a
+                lim.line_used += a
+                lim.line.append((end, a))
+            user_gpus[j.user] = user_gpus.get(j.user, 0) + n
+            if j.group:
+                group_gpus[j.group] = group_gpus.get(j.group, 0) + n
+        for lim in self.limits.values():
+            if lim is not None:
+                heapify(lim.line)
+        if self.reserve_limit is not None:
+            heapify(self.reserve_limit.line)
+
+    # ------------------------------------------------------------------ the walk
+    def run(self, usage: Usage) -> Plan:
+        plan, now, policy = self.plan, self.now, self.policy
+        by_id: Mapping[int, Job] = self.pending
+        pending = by_id.values()
+        queue: Collection[Job] = pending
+        waiting_dep: dict[int, int] = {}
+        cancelled: set[int] = set()
+        for j in compress(pending, map(_depends, pending)):  # the few jobs with dependencies
+            status, what = dependency_status(j, self.finished, self.active)
+            if status == "cancel":
+                plan.cancels.append((j.id, str(what)))
+                cancelled.add(j.id)
+            elif status == "wait":
+                waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
+        if cancelled:
+            queue = [j for j in pending if j.id not in cancelled]
+            by_id = {i: j for i, j in by_id.items() if i not in cancelled}
+        arranged = self.order.arrange(queue, by_id) if self.order is not None else None
+        if arranged is None:  # no kept order, or one that cannot place a new user's job
+            arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue, by_id)
+            assert arranged is not None
+        ordered, classes, plan.queue_order = arranged
+        plan.order = plan.queue_order.ids()  # the ids of `ordered`
+        windows = policy.offpeak_windows
+        off = policy.utc_offset_s
+        offpeak_now = next_window_start(now + off, windows) if windows else None
+        later: list[Job] = []
+        self.top_reserved: int | None = None
+        self.fifo_blocked: int | None = None
+        self.last_start = now
+        self.pred_last = now
+        reasons = plan.reasons
+        self.offpeak_now = offpeak_now
+        for n, j in enumerate(ordered):
+            if self.reserved_n >= self.depth:
+                self._walk_deep(ordered, classes, n, waiting_dep, later)
+                break
+            if j.id in waiting_dep:
+                later.append(j)
+                continue
+            self._place_now(j)
+        # dependency waiters, from their targets' expected ends
+        for _ in range(len(later) + 1):
+            rest: list[Job] = []
+            for j in later:
+                floor = self._dependency_floor(j)
+                if floor is None:
+                    rest.append(j)
+                    continue
+                dep = next(d for d in j.depends if d.job_id in self.active)
+                self._place(j, max(floor, now), f"waiting for job {dep.job_id} ({dep.kind})", deferred=True)
+            if len(rest) == len(later):
+                break
+            later = rest
+        for j in later:
+            dep = next(d for d in j.depends if d.job_id in self.active)
+            reasons[j.id] = f"waiting for job {dep.job_id} ({dep.kind})"
+            if self.estimate:  # else its target may just not be estimated in this cycle
+                self.expected[j.id] = None
+        return plan
+
+    def _place_now(self, j: Job) -> None:
+        """`_place` from now, or from its begin time or the next off-peak window."""
+        self._place(j, *self._floor(j))
+
+    def _floor(self, j: Job) -> tuple[float, str | None]:
+        """When a job may start at the earliest (now, its begin time or the next off-peak
+        window), and the reason when that is later than now."""
+        now = self.now
+        floor = now
+        why: str | None = None
+        off = self.policy.utc_offset_s
+        windows = self.policy.offpeak_windows
+        if j.begin is not None and j.begin > now:
+            floor = j.begin
+            why = f"begins at {clock_text(j.begin, now, off)}"
+        if j.offpeak and windows:
+            nxt = self.offpeak_now if floor == now else next_window_start(floor + off, windows)
+            if nxt is not None and nxt - off > floor:
+                floor = nxt - off
+                why = "waiting for off-peak hours"
+        return floor, why
+
+    def _dependency_floor(self, j: Job) -> float | None:
+        floor = self.now
+        dl = self.policy.default_time_limit_s
+        for d in j.depends:
+            if d.job_id not in self.active:
+                continue
+            if d.job_id in self.ends:
+                t: float | None = self.ends[d.job_id]
+            else:
+                est = self.expected.get(d.job_id, -1.0)
+                if est == -1.0:
+                    return None  # not walked yet
+                if est is None:
+                    return INF
+                target_limit = self._limit_s.get(d.job_id, dl)
+                t = est + target_limit
+            floor = max(floor, t if t is not None else INF)
+        return floor
+
+    def _place(self, j: Job, floor: float, why: str | None, deferred: bool = False) -> None:
+        plan, now, policy, cl = self.plan, self.now, self.policy, self.cluster
+        reasons, expected = plan.reasons, self.expected
+        k = j.gpus
+        jid = j.id
+        limit = float(j.time_limit_s or self.default_limit)
+        self._limit_s[jid] = limit
+        if floor == INF:
+            reasons[jid] = why or "cannot be predicted"
+            expected[jid] = None
+            return
+        lims, mtl = self._kind(j)
+        if mtl is not None and limit > mtl:
+            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {self.mtl_cache[(j.user, j.group)][1]}"
+            expected[jid] = None
+            return
+        blocked: Limit | None = None
+        for lim, per_gpu in lims:
+            if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                blocked = lim
+                break
+        view: View | None = None
+        if k > 0:
+            if not cl.pool_host:
+                reasons[jid] = "no GPUs on this server"
+                expected[jid] = None
+                return
+            view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
+            if not view.pids:
+                reasons[jid] = f"no {j.gpu_type} GPUs on this server"
+                expected[jid] = None
+                return
+            if k > view.max_size:
+                reasons[jid] = f"asks for {k} {view.label} but one host has at most {view.max_size}"
+                expected[jid] = None
+                return
+        if floor <= now and blocked is None:
+            if k == 0:
+                host = cl.pool_host[0] if cl.pool_host else (self.gpus[0].host if self.gpus else "localhost")
+                plan.starts.append(Start(jid, host, (), False))
+                self._book(j, lims, now, now + limit)
+                self._cluster_changed()
+                return
+            assert view is not None
+            if self.fifo_blocked is None or policy.backfill:
+                placed = None
+                if view.free_pids:
+                    shape = (k, j.gpu_type)
+                    if limit < self.failed_shapes.get(shape, INF):
+                        placed = cl.start_now(view, k, limit)
+                        if placed is None:
+                            self._shape_failed(view, k, j.gpu_type, limit)
+                if placed is not None:
+                    p, idx = placed
+                    borrowed = self.quotas.any_guarantee and not self._within_guarantee(j, k)
+                    plan.starts.append(Start(jid, cl.pool_host[p], idx, borrowed))
+                    self._book(j, lims, now, now + limit)
+                    self.user_gpus[j.user] = self.user_gpus.get(j.user, 0) + k
+                    if j.group:
+                        self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + k
+                    self.last_start = now
+                    self._cluster_changed()
+                    if self.deep is not None:
+                        hole = cl.hole[p]
+                        self.deep.started_now(cl.pool_name[p], sum(1 for i in idx if i not in hole), now, now + limit)
+                    if self.pred is not None:
+                        self.pred.started_now(cl.pool_name[p], k, now, now + self._predicted(j, limit))
+                    return
+            if policy.preemption and self._try_preempt(j, k, limit, view):
+                return
+            why = self._waiting_reason(view, k, j.gpu_type)
+        elif why is None:
+            why = blocked.reason if blocked is not None else "waiting"
+        if not self.estimate and self.reserved_n >= self.depth:
+            reasons[jid] = why  # past the depth, estimates are left to an estimating cycle
+            if k > 0:  # the jobs named in later reasons, as an estimating cycle names them
+                if self.fifo_blocked is None and floor <= now and blocked is None and not deferred:
+                    self.fifo_blocked = jid
+                if self.top_reserved is None and _may_fit(k, lims):
+                    self.top_reserved = jid
+            return
+        # book it on the time line: the expected start
+        t = floor
+        for lim, per_gpu in lims:
+            e = lim.earliest(k if per_gpu else 1, floor)
+            if e > t:
+                t = e
+        if not policy.backfill and k > 0 and not deferred and t < self.last_start:
+            t = self.last_start
+        if t == INF:
+            reasons[jid] = why
+            expected[jid] = None
+            return
+        # past the depth a booking is an estimate: it holds nothing, so it does not count as
+        # running now against the limits (a reservation starting now does)
+        estimate_only = self.reserved_n >= self.depth
+        if k > 0:
+            assert view is not None
+            if self.reserved_n < self.depth:
+                start = cl.reserve(view, k, limit, t)
+                self.reserved_n += 1
+            else:
+                start = self._deep_estimate(view, k, j.gpu_type, limit, t)
+            if start == INF:
+                reasons[jid] = why
+                expected[jid] = None
+                return
+            if self.top_reserved is None and start > now:
+                self.top_reserved = jid
+            if self.fifo_blocked is None and not deferred and blocked is None and floor <= now:
+                self.fifo_blocked = jid
+            if not policy.backfill and not deferred:
+                self.last_start = start
+        else:
+            start = t
+        if start < now:
+            start = now
+        self._book(j, lims, start, start + limit, counts_now=not estimate_only)
+        reasons[jid] = why
+        expected[jid] = start if self.pred is None or k == 0 else self._predicted_start(j, view, t, limit, start)  # type: ignore[arg-type]
+
+    def _walk_deep(self, ordered: list[Job], classes: list[int], first: int,
+                   waiting_dep: Mapping[int, int], later: list[Job]) -> None:
+        """The walk past the reservation depth. A job that can only wait (GPUs asked, no begin
+        or off-peak, cannot start now, nothing to preempt: `_decide_deep`) gets the same
+        reason as `_place` would give and, when estimating, an aggregate estimate
+        (`_book_deep`); any other job goes to `_place`. That decision is the same for every
+        job of one class (`job_class`) while the free GPUs, the limits in use and the jobs
+        named in reasons stay the same, so it is made once per class and reused until one of
+        them changes: over a deep queue most jobs cost one dictionary lookup."""
+        # (with backfill the first blocked job names nothing and decides nothing: see `_waiting_reason`)
+        if not self.estimate and self.top_reserved is not None and (self.fifo_blocked is not None or self.policy.backfill):
+            resume = self._decide_deep_bulk(ordered, classes, first, waiting_dep, later)
+            if resume is None:
+                return
+            first = resume
+        cl = self.cluster
+        reasons, limit_s = self.plan.reasons, self._limit_s
+        estimate = self.estimate
+        if estimate and self.deep is None:
+            self.deep = AggregateLine(cl)
+        # decisions by class: (reason, GPUs, type, view, limit, limits, unblocked)
+        decided: dict[int, tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool]] = {}
+        named = (self.fifo_blocked, self.top_reserved, self.gen)
+        # the single heap of a view whose GPUs are all one model (the common case), else None
+        single_of: dict[str | None, list[float] | None] = {}
+        pred = self.pred
+        stale = False  # a start, preemption or newly named job may have changed a decision
+        for j, c in zip(islice(ordered, first, None), islice(classes, first, None)):
+            if waiting_dep and j.id in waiting_dep:
+                later.append(j)
+                continue
+            if stale:
+                stale = False
+                if named != (self.fifo_blocked, self.top_reserved, self.gen):
+                    named = (self.fifo_blocked, self.top_reserved, self.gen)
+                    decided = {}
+            d = decided.get(c)
+            if d is None:
+                d = self._decide_deep(j)
+                if d is None:  # not one that can only wait: the full placement
+                    self._place_now(j)
+                    stale = True
+                    continue
+                decided[c] = d
+                if not estimate and (self.fifo_blocked is None or self.top_reserved is None):
+                    # the jobs named in later reasons, as an estimating cycle names them
+                    if self.fifo_blocked is None and d[6]:
+                        self.fifo_blocked = j.id
+                    if self.top_reserved is None and _may_fit(d[1], d[5]):
+                        self.top_reserved = j.id
+                    stale = True
+            reasons[j.id] = d[0]
+            if estimate:
+                why, k, gt, view, limit, lims, unblocked = d
+                limit_s[j.id] = limit
+                if self.top_reserved is None or self.fifo_blocked is None:
+                    stale = True
+                self._book_deep(j, view, k, gt, limit, lims, unblocked, single_of, pred)
+
+    def _decide_deep_bulk(self, ordered: list[Job], classes: list[int], first: int,
+                          waiting_dep: Mapping[int, int], later: list[Job]) -> int | None:
+        """The deep walk of a cycle that does not estimate, by class instead of by job.
+
+        Decide each class once from its first job (`_decide_deep` changes nothing), write
+        every job's reason in bulk, then walk the jobs no class decision covers (they may
+        start, preempt or name a job in reasons). While none of them changes the free GPUs,
+        the limits in use or the jobs named in reasons, every class
+        decision stays what the job-by-job walk would give. When one does, the jobs after it
+        are left to that walk: returns where it resumes (None when all is done).
+
+        Classes that differ only in their time limit are one family (`_bulk_family`): it is
+        decided once, and each class checks only that its limit lies in the family's range.
+        The families of one kind (`_kind`) read what depends on the kind once. Each class's
+        family, kind and limit come from tables kept with the priority order
+        (`QueueOrder.per_class`), made once per priority calculation, not from the jobs
+        (which lie in memory out of queue order). The reasons are given by class
+        (`Reasons.add_by_class`): one entry per job is written only when someone reads them."""
+        decided: dict[int, str] = {}
+        special: set[int] = set()
+        order = self.plan.queue_order
+        family_of = order.per_class("planner.family", _tokens(_family_key))
+        limit_of = order.per_class("planner.limit", _class_limit)
+        kind_of = order.per_class("planner.kind", _tokens(_kind_key))
+        kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]] = {}  # see `_bulk_family`
+        keys: list[tuple[object, ...]] | None = None
+        families: dict[object, tuple[str, float, float] | None] = {}
+        default_limit = self.default_limit
+        now, off = self.now, self.policy.utc_offset_s
+        jobs, cls = ordered[first:], classes[first:]
+        for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
+            fk: object = family_of[c]
+            begins: str | None = None
+            if fk is None:  # dependencies, off-peak or a begin time: from the class key
+                if keys is None:
+                    keys = order.class_keys()
+                priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
+                if depends:
+                    special.add(c)
+                    continue
+                if offpeak or begin <= now:  # type: ignore[operator]
+                    d = self._decide_deep(j)
+                    if d is None:
+                        special.add(c)
+                    else:
+                        decided[c] = d[0]
+                    continue
+                # a deferred job only waits for its begin time (`_deep_family`), if it may run here
+                fk = (priority, user, group, k, gt, aid, amr)
+                begins = f"begins at {clock_text(begin, now, off)}"  # type: ignore[arg-type]
+            fam = families.get(fk, False)
+            if fam is False:
+                fam = families[fk] = self._bulk_family(j, kind_of[c], kinds)
+            if fam is not None and fam[1] <= (limit_of[c] or default_limit) <= fam[2]:
+                decided[c] = fam[0] if begins is None else begins
+            else:  # as `_decide_deep` would find: it may start, preempt, or is over its maximum
+                special.add(c)
+        # the decided classes' jobs wait for their class's reason (the ids from plan.order, not
+        # from the jobs: a job read in queue order is a cache miss); the others get their own,
+        # here or, after a job that changes the state, in the job-by-job walk
+        reasons = self.plan.reasons
+        reasons.add_by_class(self.plan.order, classes, decided, first)
+        if not special:
+            return None
+        rest = list(compress(range(first, len(classes)), map(special.__contains__, cls)))
+        found: dict[int, str] = {}  # special classes decided below, for their own later jobs
+        for n in rest:
+            j = ordered[n]
+            if waiting_dep and j.id in waiting_dep:
+                later.append(j)
+                continue
+            c = classes[n]
+            why = found.get(c)
+            if why is None and not j.depends:  # a failed attempt may have decided its class
+                d = self._decide_deep(j)
+                if d is not None:
+                    why = found[c] = d[0]
+            if why is not None:
+                reasons[j.id] = why
+                continue
+            state = (self.gen, self.fifo_blocked, self.top_reserved)
+            self._place_now(j)
+            if state != (self.gen, self.fifo_blocked, self.top_reserved):
+                return n + 1
+        return None
+
+    def _bulk_family(self, j: Job, kind: object,
+                     kinds: dict[object, tuple[list[tuple[Limit, bool]], float, bool]]) -> tuple[str, float, float] | None:
+        """`_deep_family`'s (reason, low, high), for the walk by class, where nothing changes
+        from one family to the next: what depends only on the job's kind (its limits, its
+        maximum time limit, whether it may preempt at all) is read once per kind (`kinds`, by
+        the kind's token). Jobs with a begin time or off-peak go to `_deep_family` itself. The
+        `waits` memo that `_deep_family` keeps for the job-by-job walk is left out: no entry
+        would be read before the state it describes changes. Both decide in `_only_waits`."""
+        k = j.gpus
+        gt = j.gpu_type
+        view = self.cluster.views.get(gt)
+        if k <= 0 or view is None or k > view.max_size:
+            return None
+        if j.offpeak or j.begin is not None:
+            fd = self._deep_family(j)
+            return None if fd is None else (fd[0], fd[6], fd[7])
+        known = kinds.get(kind)
+        if known is None:
+            lims, mtl = self._kind(j)
+            known = kinds[kind] = (lims, INF if mtl is None else float(mtl), self._may_ever_preempt(j))
+        lims, high, may_preempt = known
+        low = self._start_below(view, k, gt)
+        wait = self._only_waits(j, k, gt, view, lims, low, may_preempt)
+        return None if wait is None else (wait[0], low if wait[1] else -INF, high)
+
+    def _decide_deep(self, j: Job) -> tuple[str, int, str | None, View, float, list[tuple[Limit, bool]], bool] | None:
+        """(reason, GPUs, type, view, limit, limits, not blocked by a limit) of a deep job that
+        can only wait, or None for one that needs `_place` (no GPUs asked, a begin or off-peak
+        floor, over its maximum time limit, or it may start now or preempt)."""
+        fam = self._deep_family(j)
+        if fam is None:
+            return None
+        why, k, gt, view, lims, unblocked, low, high = fam
+        limit = float(j.time_limit_s or self.default_limit)
+        if not low <= limit <= high:
+            return None
+        return (why, k, gt, view, limit, lims, unblocked)
+
+    def _deep_family(self, j: Job) -> tuple[str, int, str | None, View, list[tuple[Limit, bool]], bool, float, float] | None:
+        """`_decide_deep` for every time limit at once: (reason, GPUs, type, view, limits, not
+        blocked by a limit, low, high), where a job like `j` with a limit in [low, high] can
+        only wait for that reason (below low it may start now, above high it is over its
+        maximum time limit), or None when none can only wait."""
+        now, cl = self.now, self.cluster
+        k = j.gpus
+        gt = j.gpu_type
+        view = cl.views.get(gt)
+        kk = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
+        kind = self.kinds.get(kk) or self._kind(j)
+        if k <= 0 or view is None or k > view.max_size:
+            return None
+        lims, mtl = kind
+        high = INF if mtl is None else float(mtl)
+        if j.offpeak or (j.begin is not None and j.begin > now):
+            if self.estimate:
+                return None  # its estimate starts from its floor: `_place`
+            floor, why = self._floor(j)
+            if floor > now:  # it only waits, for the reason `_place` gives first
+                return (why or "waiting", k, gt, view, lims, False, -INF, high)
+        low = self._start_below(view, k, gt)
+        wk = (kk, k, gt, self.fifo_blocked, self.top_reserved)
+        wait = self.waits.get(wk)
+        if wait is None:
+            wait = self._only_waits(j, k, gt, view, lims, low, self._may_ever_preempt(j))
+            if wait is None:
+                return None
+            # a failed preemption fails again: only a start (which clears `waits`) changes it
+            self.waits[wk] = wait
+        return (wait[0], k, gt, view, lims, wait[1], low if wait[1] else -INF, high)
+
+    def _may_ever_preempt(self, j: Job) -> bool:
+        """Could a job of this kind have a right to preempt in this cycle (urgent, or some
+        guarantee exists)? Whether it has one for k GPUs is `_victim_index_for`'s question."""
+        return self.policy.preemption and (self.quotas.any_guarantee or j.priority == "urgent")
+
+    def _start_below(self, view: View, k: int, gt: str | None) -> float:
+        """The time limit below which a job of k GPUs of this type that no limit blocks may
+        start now (the shapes that failed to start: `failed_shapes`), -INF when none may."""
+        if view.free_pids and (self.policy.backfill or self.fifo_blocked is None):
+            return self.failed_shapes.get((k, gt), INF)
+        return -INF
+
+    def _only_waits(self, j: Job, k: int, gt: str | None, view: View, lims: list[tuple[Limit, bool]],
+                    low: float, may_preempt: bool) -> tuple[str, bool] | None:
+        """Why a deep job like `j` (k GPUs of type `gt`, these limits, no begin time or
+        off-peak) can only wait, and whether no limit blocks it; None when it may start now
+        (`low` is INF: no start of its shape has failed) or may preempt (`may_preempt`: it
+        has a right to, as an urgent job or by a guarantee). Shared by `_deep_family` and
+        `_bulk_family`, which differ only in what they remember."""
+        for lim, per_gpu in lims:
+            if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                return (lim.reason, False)
+        if low == INF:
+            return None  # it may start now, whatever its limit
+        if may_preempt and self._victim_index_for(j, k, view) is not None:
+            return None  # it may preempt
+        return (self._waiting_reason(view, k, gt), True)
+
+    def _book_deep(self, j: Job, view: View, k: int, gt: str | None, limit: float,
+                   lims: list[tuple[Limit, bool]], unblocked: bool,
+                   single_of: dict[str | None, list[float] | None], pred: AggregateLine | None) -> None:
+        """A deep job's expected start: the limits' time lines, then the aggregate line."""
+        now, cl, deep, expected = self.now, self.cluster, self.deep, self.expected
+        assert deep is not None
+        jid = j.id
+        t = now
+        swaps: list[Limit] | None = None  # limits whose earliest end is replaced at booking
+        for lim, per_gpu in lims:  # Limit.earliest, inlined
+            a = k if per_gpu else 1
+            if lim.line_used + a > lim.cap:
+                if a > lim.cap:
+                    t = INF
+                    break
+                line = lim.line
+                if line[0][1] == a and lim.line_used <= lim.cap:
+                    # the earliest end frees exactly enough: one heapreplace when booked
+                    e = line[0][0]
+                    if e > t:
+                        t = e
+                    if swaps is None:
+                        swaps = [lim]
+                    else:
+                        swaps.append(lim)
+                    continue
+                while lim.line_used + a > lim.cap and line:
+                    e, used = heappop(line)
+                    lim.line_used -= used
+                    if e > t:
+                        t = e
+        backfill = self.policy.backfill
+        if not backfill and t < self.last_start:
+            t = self.last_start
+        if t == INF:
+            expected[jid] = None
+            return
+        shape = (k, gt)
+        sf = self.shape_floor.get(shape)
+        if sf is None:
+            sf = self.shape_floor[shape] = cl.earliest(view, k)
+        if sf == INF:
+            expected[jid] = None
+            return
+        floor = t
+        if t < sf:
+            t = sf
+        if k == 1:  # AggregateLine.take, inlined for one GPU of one model
+            h = single_of.get(gt, 0)
+            if h == 0:
+                h = single_of[gt] = deep.single(cl, view)
+            if h is not None:
+                start = h[0] if h[0] > t else t
+                heapreplace(h, start + limit)
+            else:
+                start = deep.take(cl, view, k, limit, t)
+        else:
+            start = deep.take(cl, view, k, limit, t)
+        if self.top_reserved is None and start > now:
+            self.top_reserved = jid
+        if self.fifo_blocked is None and unblocked:
+            self.fifo_blocked = jid
+        if not backfill:
+            self.last_start = start
+        end = start + limit
+        # an estimate is not a start: the limits' use now stays as it is
+        for lim, per_gpu in lims:
+            a = k if per_gpu else 1
+            if swaps is not None and lim in swaps:
+                heapreplace(lim.line, (end, a))
+            else:
+                lim.line_used += a
+                heappush(lim.line, (end, a))
+        expected[jid] = start if pred is None else self._predicted_start(j, view, floor, limit, start)
+
+    # ------------------------------------------------------------------ predictions
+    def _predicted(self, j: Job, limit: float) -> float:
+        p = j.predicted_runtime_s
+        return limit if p is None or p > limit else max(1.0, p)
+
+    def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
+        """With `use_predictions`: the start on the line of predicted ends (running jobs end at
+        their predicted runtime, waiting ones take theirs), never later than `planned` (the
+        start its reservation or the time-limit estimate gives). Estimates only: no
+        reservation depends on a prediction."""
+        assert self.pred is not None
+        if not self.policy.backfill:
+            floor = max(floor, self.pred_last)
+        t = self.pred.take(self.cluster, view, j.gpus, self._predicted(j, limit), max(floor, self.now))
+        if not self.policy.backfill:
+            self.pred_last = t
+        return t if t < planned else planned
+
+    # ------------------------------------------------------------------ cost controls
+    def _shape_failed(self, view: View, k: int, gpu_type: str | None, limit: float) -> None:
+        """k GPUs of this type cannot start now for `limit`: nor can more GPUs or a longer limit."""
+        failed = self.failed_shapes
+        for kk in range(k, view.max_size + 1):
+            if failed.get((kk, gpu_type), INF) > limit:
+                failed[(kk, gpu_type)] = limit
+
+    def _cluster_changed(self) -> None:
+        self.gen += 1
+        self.shape_floor.clear()
+        self.reason_cache.clear()
+        self.waits.clear()
+
+    def _waiting_reason(self, view: View, k: int, gpu_type: str | None) -> str:
+        key = (k, gpu_type, self.fifo_blocked, self.top_reserved)
+        why = self.reason_cache.get(key)
+        if why is None:
+            if self.fifo_blocked is not None and not self.policy.backfill:
+                why = f"behind job {self.fifo_blocked} (first in line)"
+            elif self.top_reserved is not None and self.cluster.free_count(view, k):
+                why = f"behind job {self.top_reserved} (reserved)"
+            else:
+                why = f"waiting for {k} free {view.label if k > 1 or view.label != 'GPUs' else 'GPU'}"
+            self.reason_cache[key] = why
+        return why
+
+    def _deep_estimate(self, view: View, k: int, gpu_type: str | None, limit: float, floor: float) -> float:
+        """Expected start of a job past the reservation depth: the aggregate line from `floor`,
+        never earlier than the detailed time line first has k GPUs of this view on one host."""
+        cl = self.cluster
+        key = (k, gpu_type)
+        shape_floor = self.shape_floor.get(key)
+        if shape_floor is None:
+            shape_floor = self.shape_floor[key] = cl.earliest(view, k)
+        if shape_floor == INF:
+            return INF
+        if self.deep is None:
+            self.deep = AggregateLine(cl)
+        return self.deep.take(cl, view, k, limit, floor if floor > shape_floor else shape_floor)
+
+    def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float,
+              counts_now: bool = True) -> None:
+        for lim, per_gpu in lims:
+            lim.book(start, end, j.gpus if per_gpu else 1, self.now if counts_now else -INF)
+
+    # ------------------------------------------------------------------ quotas and preemption
+    def _within_guarantee(self, j: Job, k: int) -> bool:
+        ug, gg = self.quotas.guarantees(j.user, j.group)
+        if ug > 0 and self.user_gpus.get(j.user, 0) + self.claimed.get(j.user, 0) + k <= ug:
+            return True
+        return bool(gg > 0 and j.group and self.group_gpus.get(j.group, 0) + self.claimed.get("group:" + j.group, 0) + k <= gg)
+
+    def _guarantee_owner(self, j: Job, k: int) -> str:
+        ug, _ = self.quotas.guarantees(j.user, j.group)
+        if ug > 0 and self.user_gpus.get(j.user, 0) + self.claimed.get(j.user, 0) + k <= ug:
+            return f"user {j.user}"
+        return f"group {j.group}"
+
+    def _preempt_failed(self, j: Job, k: int) -> bool:
+        """A job like this one (or any of its class and GPU type) failed to preempt for k or
+        fewer GPUs in this walk, so this one would fail too."""
+        failed = self.failed_preempt
+        return k >= failed.get(_preempt_memo(j), INF) or k >= failed.get((j.gpu_type, None, None, j.priority), INF)
+
+    def _victim_index(self, view: View, gpu_type: str | None) -> VictimIndex | None:
+        """The running jobs on this view's GPUs that are borrowed or preemptible, indexed (None
+        when there are none)."""
+        cl = self.cluster
+        if self.candidates is None:
+            self.candidates = {}
+            for r in self.running:
+                if not (r.borrowed or r.preemptible) or r.host is None or not r.assigned_gpus:
+                    continue
+                p = cl.by_host_index.get((r.host, r.assigned_gpus[0]))
+                if p is not None:
+                    self.candidates.setdefault(p, []).append(r)
+        if not self.candidates:
+            return None
+        index = self.victim_index.get(gpu_type)
+        if index is None:
+            pids = set(view.pids)
+            index = self.victim_index[gpu_type] = VictimIndex(
+                [v for p, js in self.candidates.items() if p in pids for v in js])
+        return index
+
+    def _no_victims(self, j: Job, k: int, index: VictimIndex | None) -> None:
+        """Remember that a job within its rights found no victims for k GPUs."""
+        failed = self.failed_preempt
+        memo = _preempt_memo(j)
+        failed[memo] = min(k, failed.get(memo, k))
+        if index is not None and j.user not in index.users:
+            # nothing was kept from it for being its own, so no other user of its class
+            # could do better (the victims a job may take depend on nothing else)
+            wide = (j.gpu_type, None, None, j.priority)
+            failed[wide] = min(k, failed.get(wide, k))
+
+    def _victim_index_for(self, j: Job, k: int, view: View) -> VictimIndex | None:
+        """The victim index when `j` has the right to preempt for k GPUs (urgent, or within
+        its guarantee) and a running job it may take exists; else None, and the failure is
+        remembered. Victims and free GPUs only shrink, and GPUs in use only grow, during a
+        walk: a failed attempt (or a job beyond its guarantee) fails again."""
+        if self._preempt_failed(j, k):
+            return None
+        urgent = j.priority == "urgent"
+        if not urgent and not (self.quotas.any_guarantee and self._within_guarantee(j, k)):
+            memo = _preempt_memo(j)
+            self.failed_preempt[memo] = min(k, self.failed_preempt.get(memo, k))
+            return None
+        index = self._victim_index(view, j.gpu_type)
+        if index is None or not index.any_for(j, urgent):  # no running job it may take
+            self._no_victims(j, k, index)
+            return None
+        return index
+
+    def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
+        index = self._victim_index_for(j, k, view)
+        if index is None:
+            return False
+        urgent = j.priority == "urgent"
+        cl = self.cluster
+        assert self.candidates is not None
+        pids = set(view.pids)
+        cands = {p: js for p, js in self.candidates.items() if p in pids and js}
+        free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
+        chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
+        if chosen is None:
+            self._no_victims(j, k, index)
+            return False
+        p, victims = chosen
+        why = "urgent" if urgent else f"guarantee of {self._guarantee_owner(j, k)}"
+        for v in victims:
+            self.plan.preemptions.append(Preemption(v.id, j.id, f"preempted by job {j.id} ({why})"))
+            self.victims.add(v.id)
+            self.candidates[p].remove(v)
+        self.victim_index.clear()
+        if not urgent:
+            key = j.user if why == f"guarantee of user {j.user}" else "group:" + (j.group or "")
+            self.claimed[key] = self.claimed.get(key, 0) + k
+        gpus = [i for v in victims for i in v.assigned_gpus]
+        need = k - len(gpus)
+        if need > 0:
+            gpus += sorted(i for i in cl.free[p] if i not in cl.hole[p])[:need]
+        start = self.now + self.policy.preempt_grace_s
+        cl.reserve_on(p, gpus[:k], limit, start)
+        self._cluster_changed()
+        self._book(j, self._limits_of(j), start, start + limit)
+        self.plan.reasons[j.id] = victims_text(victims)
+        self.expected[j.id] = start
+        return True

@@ -1,0 +1,877 @@
+"""The engine: owns the job life cycle between the store, the scheduler and the runner.
+
+It wakes on a job's exit, a tick, or a burst of submissions once it pauses; takes a snapshot
+(active jobs, GPUs, usage); calls the pure `schedule()`; carries the plan out through the
+runner; and publishes every state change to listeners (the websocket). It never speaks HTTP:
+the server's handlers call its methods and turn `InvalidInput` / `PermissionDenied` /
+`NotFound` into 4xx answers. Submissions of one event-loop turn are committed together
+(group commit), each answered with its own jobs or its own error.
+
+The service keeps the active (pending and running) jobs in memory as well as in the store,
+because it is their only writer: a cycle over 10,000 queued jobs must not reload them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..model import (
+    GPU,
+    InvalidInput,
+    Job,
+    JobState,
+    Plan,
+    Policy,
+    format_duration,
+    validate_submission,
+)
+from .gpus import GPUBackend
+from .runners import Exit, LaunchRequest, LocalRunner
+from .scheduler import schedule
+from .scheduler.fairshare import Usage, decay_and_add
+from .store import GPUAlreadyAllocated, NewJobs, Store
+
+log = logging.getLogger("jupyter_gpujobs")
+
+
+class NotFound(LookupError):
+    pass
+
+
+class PermissionDenied(PermissionError):
+    pass
+
+
+class LogRemoved(NotFound):
+    """The log of a job was removed after the retention (`c.GPUJobs.job_retention`)."""
+
+
+#: Runner outcome -> final job state.
+_OUTCOME_STATE = {
+    "completed": JobState.COMPLETED,
+    "failed": JobState.FAILED,
+    "oom": JobState.FAILED,
+    "timeout": JobState.TIMEOUT,
+    "cancelled": JobState.CANCELLED,
+    "lost": JobState.LOST,
+}
+
+#: Kinds whose process the engine does not start: it only allocates GPUs (a kernel is
+#: launched by the kernel provisioner once its job runs).
+EXTERNAL_KINDS = ("kernel",)
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class JobService:
+    #: A burst of submissions gets one scheduling cycle once it pauses this long (seconds) ...
+    SUBMIT_SETTLE_S = 0.02
+    #: ... or this long after its first submission, whichever comes first.
+    SUBMIT_MAX_DELAY_S = 0.5
+
+    def __init__(
+        self,
+        store: Store,
+        gpus: GPUBackend,
+        runner: LocalRunner,
+        policy: Policy,
+        *,
+        state_dir: Path,
+        root_dir: Path,
+        job_env: dict[str, str] | None = None,
+        admin_users: Iterable[str] = (),
+        group_members: dict[str, list[str]] | None = None,
+        kill_grace_s: int = 10,
+        time_limit_warning_s: int = 300,
+        poll_interval: float = 0.05,
+        tick_interval: float = 5.0,
+        estimate_interval: float = 10.0,
+        job_retention_s: int = 0,
+        cleanup_interval: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store = store
+        self.gpus = gpus
+        self.runner = runner
+        self.policy = policy
+        self.state_dir = Path(state_dir)
+        self.root_dir = Path(root_dir)
+        self.job_env = dict(job_env or {})
+        self.admin_users = set(admin_users)
+        self.group_members = dict(group_members or {})
+        self.kill_grace_s = kill_grace_s
+        self.time_limit_warning_s = time_limit_warning_s
+        self.poll_interval = poll_interval
+        self.tick_interval = tick_interval
+        self.estimate_interval = estimate_interval
+        self.job_retention_s = job_retention_s  # 0: the files of ended jobs are kept forever
+        self.cleanup_interval = cleanup_interval
+        self.clock = clock
+        self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
+
+        # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
+        # `_pending` to the scheduler as it is, without a pass over 10k jobs
+        self._pending: dict[int, Job] = {}
+        self._running: dict[int, Job] = {}
+        self._handles: dict[int, dict[str, Any]] = {}
+        self._plan = Plan()
+        self._plan_at = 0.0
+        self._waiting: list[int] = []  # pending job ids in queue order, after the last plan's starts
+        self._positions: dict[int, int] | None = {}  # id -> 1-based position in _waiting (built on demand)
+        # the last estimating cycle: every pending job's expected start, and the priority order
+        # it calculated (the cycles in between keep that order and decide only)
+        self._estimates: dict[int, float | None] = {}
+        self._estimated_at = -float("inf")
+        self._estimated_newest = 0  # the newest pending job id then
+        self._inventory: list[GPU] = []
+        self._inventory_at = 0.0
+        self._terminating: set[int] = set()
+        self._warned: set[int] = set()
+        self._listeners: set[Listener] = set()
+        self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
+        self._wake: asyncio.Event | None = None
+        self._submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
+        self._burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
+        self._burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
+        self._last_submit_at = 0.0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._usage = Usage()
+        self._usage_at = 0.0
+        self._usage_saved_at = 0.0
+        self.cycle_seconds: list[float] = []  # recent cycle times, for metrics
+        self.schedule_seconds = 0.0  # time of the last schedule() call alone
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ================================================================= life cycle
+
+    async def start(self) -> None:
+        """Reattach to what survived a restart, then run the engine loops (once)."""
+        if self._tasks:
+            return
+        self.refresh_inventory(force=True)
+        self._load_usage()
+        self.reconcile()
+        self._wake = asyncio.Event()
+        self._tasks = [
+            asyncio.ensure_future(self._schedule_loop()),
+            asyncio.ensure_future(self._poll_loop()),
+        ]
+        if self.job_retention_s > 0:
+            self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+        self.wake()
+
+    async def stop(self) -> None:
+        self._store_submissions()  # what was accepted is committed before the engine stops
+        if self._burst_timer is not None:
+            self._burst_timer.cancel()
+            self._burst_timer = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        self._save_usage(self.clock())
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    # ================================================================= fair-share usage
+
+    def _load_usage(self) -> None:
+        """Decayed GPU-seconds from the store, decayed further for the time the server was down."""
+        now = self.clock()
+        users: dict[str, float] = {}
+        groups: dict[str, float] = {}
+        half_life = self.policy.fairshare_half_life_s
+        for key, (value, updated_at) in self.store.load_usage().items():
+            scope, _, name = key.partition(":")
+            decayed = value * 0.5 ** (max(0.0, now - updated_at) / half_life) if half_life > 0 else value
+            (users if scope == "user" else groups)[name] = decayed
+        self._usage = Usage(users, groups)
+        self._usage_at = now
+
+    def _save_usage(self, now: float) -> None:
+        values = {f"user:{u}": v for u, v in self._usage.users.items()}
+        values.update({f"group:{g}": v for g, v in self._usage.groups.items()})
+        if values:
+            self.store.save_usage(values, now)
+        self._usage_saved_at = now
+
+    def _account_usage(self, running: list[Job], now: float) -> None:
+        dt = now - self._usage_at if self._usage_at else 0.0
+        self._usage = decay_and_add(self._usage, running, dt, self.policy.fairshare_half_life_s)
+        self._usage_at = now
+        if now - self._usage_saved_at > 60:
+            self._save_usage(now)
+
+    def reconcile(self) -> None:
+        """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
+        its recorded result); nothing else is restarted or double-allocated."""
+        pending, running = self.store.active_jobs()
+        self._pending, self._running = {}, {}
+        for job in pending + running:
+            self._keep(job)
+        self._handles = {}
+        for job in running:
+            if job.kind in EXTERNAL_KINDS:
+                continue
+            handle = self.store.runner_handle(job.id)
+            if not handle:
+                self._finish(job.id, Exit(job.id, "lost", None, None,
+                                          "no supervisor was recorded for this job", self.clock()))
+                continue
+            self._handles[job.id] = handle
+        for job in running:
+            if any(e["state"] == "WARNING" for e in self.store.events(job_id=job.id)):
+                self._warned.add(job.id)
+        # results written while the server was down, and supervisors that vanished
+        for exit_ in self.runner.poll(dict(self._handles)):
+            self._finish(exit_.job_id, exit_)
+        if self._handles:
+            log.info("gpujobs: reattached to %d running job(s): %s", len(self._handles),
+                     ", ".join(str(i) for i in sorted(self._handles)))
+
+    def wake(self) -> None:
+        """Run a scheduling cycle as soon as the loop may (something ended, changed, ...)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def _wake_after_burst(self) -> None:
+        """Submissions were stored: one cycle after their burst, not one per submission. The
+        cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
+        after the first submission that no cycle has seen yet."""
+        loop = asyncio.get_running_loop()
+        self._last_submit_at = loop.time()
+        if self._burst_timer is None:
+            self._burst_started_at = self._last_submit_at
+            self._burst_timer = loop.call_later(self.SUBMIT_SETTLE_S, self._burst_check)
+
+    def _burst_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = min(self._last_submit_at + self.SUBMIT_SETTLE_S, self._burst_started_at + self.SUBMIT_MAX_DELAY_S)
+        if loop.time() < due:
+            self._burst_timer = loop.call_at(due, self._burst_check)
+            return
+        self._burst_timer = None
+        self.wake()
+
+    async def _schedule_loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            # (a tick timer rather than wait_for(): before Python 3.12 wait_for() can swallow
+            # the cancel of stop() when the event is set at the same moment)
+            tick = loop.call_later(self.tick_interval, self.wake)
+            try:
+                await self._wake.wait()
+            finally:
+                tick.cancel()
+            self._wake.clear()
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("gpujobs: scheduling cycle failed")
+            # Under load cycles over a long queue would run back to back and starve the
+            # handlers: rest three times as long as the scheduling itself took.
+            # (Only the decision counts: starting processes is not what grows with the queue.)
+            await asyncio.sleep(max(0.005, 3 * self.schedule_seconds))
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                self.poll()
+            except Exception:
+                log.exception("gpujobs: polling job supervisors failed")
+
+    # ================================================================= retention of job files
+
+    #: The first removal pass runs this long after start (or after cleanup_interval if shorter).
+    RETENTION_FIRST_PASS_S = 30.0
+
+    async def _retention_loop(self) -> None:
+        """Remove the files of jobs ended longer than job_retention ago, every cleanup_interval
+        (off the scheduling cycle; the file system work runs in a thread)."""
+        await asyncio.sleep(min(self.cleanup_interval, self.RETENTION_FIRST_PASS_S))
+        while True:
+            try:
+                await self.remove_expired_files()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gpujobs: removing the files of old jobs failed")
+            await asyncio.sleep(self.cleanup_interval)
+
+    async def remove_expired_files(self) -> Any:
+        """One removal pass: the run directories and logs of jobs that reached a final state
+        more than job_retention ago. Files of active jobs (pending, running, or with a
+        supervisor handle), of jobs the store does not know, and of runs whose processes may
+        still be alive stay; so do the jobs' rows and events. Returns a `retention.Removed`."""
+        from . import retention
+
+        if self.job_retention_s <= 0:
+            return retention.Removed()
+        run_root = getattr(self.runner, "state_dir", None)  # the runner's run directories
+        run_root = Path(run_root) if run_root is not None else None
+        logs_root = self.state_dir / "logs"
+        found = await asyncio.to_thread(retention.scan, run_root, logs_root)
+        # decided on the loop (the store and the active jobs live here); a job that is final
+        # for longer than the retention never becomes active again
+        cutoff = self.clock() - self.job_retention_s
+        ids = [i for i in found if self.active_job(i) is None and i not in self._handles]
+        expired: dict[int, retention.JobFiles] = {}
+        for k in range(0, len(ids), 500):
+            for job_id, job in self.store.get_many(ids[k:k + 500]).items():
+                if (job.state.is_final and job.ended_at is not None and job.ended_at <= cutoff
+                        and self.active_job(job_id) is None and job_id not in self._handles):
+                    expired[job_id] = found[job_id]
+        if not expired:
+            return retention.Removed()
+        removed = await asyncio.to_thread(retention.remove, expired, run_root, logs_root)
+        if removed.jobs:
+            log.info("gpujobs: removed the files of %d job(s) ended more than %s ago "
+                     "(c.GPUJobs.job_retention): %d run dir(s), %d log(s), %s freed",
+                     len(removed.jobs), format_duration(self.job_retention_s), removed.run_dirs,
+                     removed.log_files, _format_bytes(removed.bytes_freed))
+        if removed.kept_alive:
+            log.warning("gpujobs: kept %d run dir(s) of ended jobs whose processes may still be alive: %s",
+                        len(removed.kept_alive), ", ".join(str(p) for p in removed.kept_alive[:5]))
+        return removed
+
+    def _log_removed(self, job: Job, path: str | None) -> bool:
+        """Was this job's log removed after the retention (recorded, final long enough, gone)?"""
+        return bool(
+            path and self.job_retention_s > 0 and job.state.is_final and job.ended_at is not None
+            and job.ended_at + self.job_retention_s <= self.clock() and not Path(path).exists()
+        )
+
+    # ================================================================= inventory
+
+    def refresh_inventory(self, force: bool = False) -> list[GPU]:
+        now = self.clock()
+        if force or now - self._inventory_at > 2.0:
+            try:
+                self._inventory = self.gpus.inventory()
+            except Exception:
+                log.exception("gpujobs: reading the GPU inventory failed")
+            self._inventory_at = now
+        return self._inventory
+
+    @property
+    def inventory(self) -> list[GPU]:
+        return self.refresh_inventory()
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        holders: dict[tuple[str, int], Job] = {}
+        for job in self._running.values():
+            if job.host:
+                for index in job.assigned_gpus:
+                    holders[(job.host, index)] = job
+        out = []
+        for g in self.inventory:
+            holder = holders.get((g.host, g.index))
+            out.append({
+                "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
+                "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
+                "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
+                "job_id": holder.id if holder else None, "user": holder.user if holder else None,
+            })
+        return out
+
+    # ================================================================= queries
+
+    def view(self, job: Job) -> dict[str, Any]:
+        """A job as the API shows it (with its queue position, reason and expected start).
+        A stored copy of an active job is shown as the engine knows it now."""
+        job = self.active_job(job.id) or job
+        reason = job.reason
+        position = None
+        expected = None
+        if job.state is JobState.PENDING:
+            if self._positions is None:
+                self._positions = {jid: i + 1 for i, jid in enumerate(self._waiting)}
+            position = self._positions.get(job.id)
+            reason = self._plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
+            expected = self._plan.expected_start.get(job.id, self._estimates.get(job.id))
+        ends_at, warn_at = self._limit_times(job) if job.state is JobState.RUNNING else (None, None)
+        out = {
+            "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
+            "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
+            "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
+            "signal": job.signal, "reason": reason, "position": position, "expected_start": expected,
+            "priority": job.priority, "group": job.group, "preemptible": job.preemptible,
+            "borrowed": job.borrowed, "command": job.command, "cwd": job.cwd, "payload": job.payload,
+            "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
+            "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
+            "restarts": job.restarts, "output_notebook": job.payload.get("output"),
+            "ends_at": ends_at, "warn_at": warn_at,
+        }
+        return out
+
+    def get(self, job_id: int) -> Job:
+        job = self.active_job(job_id) or self.store.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def queue(self) -> list[Job]:
+        """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
+        pending = self._pending
+        order = [jid for jid in self._plan.order if jid in pending]
+        seen = set(order)
+        rest = sorted(jid for jid in pending if jid not in seen)
+        return [pending[jid] for jid in order + rest]
+
+    def active_jobs(self) -> list[Job]:
+        """Pending and running jobs as the engine knows them now."""
+        return [*self._pending.values(), *self._running.values()]
+
+    def active_job(self, job_id: int) -> Job | None:
+        return self._pending.get(job_id) or self._running.get(job_id)
+
+    def runner_handles(self) -> dict[int, dict[str, Any]]:
+        """Running jobs' supervisor handles (job id -> handle)."""
+        return dict(self._handles)
+
+    def running(self) -> list[Job]:
+        return list(self._running.values())
+
+    def _keep(self, job: Job) -> None:
+        """A pending or running job as it now is."""
+        if job.state is JobState.PENDING:
+            self._pending[job.id] = job
+            self._running.pop(job.id, None)
+        else:
+            self._running[job.id] = job
+            self._pending.pop(job.id, None)
+
+    def _forget(self, job_id: int) -> None:
+        """A job that ended."""
+        self._pending.pop(job_id, None)
+        self._running.pop(job_id, None)
+
+    def is_admin(self, user: str) -> bool:
+        return user in self.admin_users
+
+    # ================================================================= commands
+
+    async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
+        """Validate and store a submission; returns the new job(s) (several for an array)
+        once they are committed.
+
+        Submissions that arrive in the same event-loop turn are committed together (group
+        commit): validated one by one here, so a bad one fails alone with its InvalidInput,
+        then inserted in one transaction by `_store_submissions`.
+        """
+        new = self._validated(user, body)
+        future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
+        if not self._submissions:
+            asyncio.get_running_loop().call_soon(self._store_submissions)
+        self._submissions.append((new, future))
+        return await future
+
+    def _validated(self, user: str, body: dict[str, Any]) -> NewJobs:
+        """A submission checked and turned into the rows to store; raises InvalidInput."""
+        now = self.clock()
+        fields = validate_submission(body, self.inventory, self.policy, now)
+        group = fields["group"]
+        if group and self.group_members and user not in self.group_members.get(group, []):
+            raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
+        for dep in fields["depends"]:
+            if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
+                raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
+        if fields["cwd"] is None:
+            fields["cwd"] = str(self.root_dir)
+        elif not Path(fields["cwd"]).is_absolute():
+            fields["cwd"] = str(self.root_dir / fields["cwd"])
+        if not os.path.isdir(fields["cwd"]):
+            raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
+        if fields["kind"] == "notebook":
+            from ..notebook.notebooks import check_notebook_payload
+
+            fields["payload"] = check_notebook_payload(fields["payload"], self.root_dir)
+        array = fields.pop("array")
+        limit = fields.pop("array_max_running")
+        base = {**fields, "user": user}
+        if not array:
+            return NewJobs([base], actor=user, now=now)
+        return NewJobs([{**base, "array_index": i, "array_max_running": limit} for i in array],
+                       actor=user, now=now, array=True)
+
+    def _store_submissions(self) -> None:
+        """Commit the submissions that arrived since the last call (one event-loop turn) in
+        one transaction, then answer each with its own jobs or its own error."""
+        batch, self._submissions = self._submissions, []
+        if not batch:
+            return
+        for (new, future), outcome in zip(batch, self._insert([new for new, _ in batch])):
+            if not isinstance(outcome, Exception):
+                try:
+                    outcome = self._accepted(outcome, new)
+                except Exception as err:
+                    outcome = err
+            if future.done():  # its request went away; its jobs are stored all the same
+                continue
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        self._wake_after_burst()
+
+    def _insert(self, batch: list[NewJobs]) -> list[list[Job] | Exception]:
+        """All in one transaction; if that fails, each on its own, so that one bad submission
+        costs only itself."""
+        try:
+            return list(self.store.add_submissions(batch))
+        except Exception as err:
+            if len(batch) == 1:
+                return [err]
+            log.warning("gpujobs: storing %d submissions together failed (%s); storing them one by one",
+                        len(batch), err)
+        outcomes: list[list[Job] | Exception] = []
+        for new in batch:
+            try:
+                outcomes.append(self.store.add_submissions([new])[0])
+            except Exception as err:
+                outcomes.append(err)
+        return outcomes
+
+    def _accepted(self, jobs: list[Job], new: NewJobs) -> list[Job]:
+        """Stored jobs join the engine's active set and are announced."""
+        if jobs and jobs[0].kind == "notebook":
+            from ..notebook.notebooks import notebook_command
+
+            for i, job in enumerate(jobs):
+                command, payload = notebook_command(job, self.root_dir)
+                self.store.update_job(job.id, command=command, payload=payload)
+                jobs[i] = replace(job, command=command, payload=payload)
+        for job in jobs:
+            self._keep(job)
+            self._publish(job, {"job_id": job.id, "time": new.now, "state": "PENDING", "actor": new.actor,
+                                "reason": "submitted"})
+        return jobs
+
+    def check_owner(self, job: Job, user: str) -> None:
+        if job.user != user and not self.is_admin(user):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; only they or an admin may change it")
+
+    async def cancel(self, job_id: int, user: str, wait_s: float = 3.0) -> Job:
+        """Cancel a pending job now, or stop a running one (SIGTERM, grace, SIGKILL) and wait
+        up to `wait_s` for it to end. Returns the job as it then is."""
+        job = self.get(job_id)
+        self.check_owner(job, user)
+        if job.state.is_final:
+            return job
+        reason = f"cancelled by {user}"
+        if job.state is JobState.PENDING or job.kind in EXTERNAL_KINDS:
+            return self._set_state(job.id, JobState.CANCELLED, user, reason,
+                                   expect=(JobState.PENDING, JobState.RUNNING)) or self.get(job_id)
+        self._terminate(job, reason, "cancelled", self.kill_grace_s)
+        return await self.wait_ended(job_id, wait_s)
+
+    async def wait_ended(self, job_id: int, timeout: float) -> Job:
+        job = self.get(job_id)
+        if job.state.is_final:
+            return job
+        fut: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self._ended_waiters.setdefault(job_id, []).append(fut)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            return self.get(job_id)
+
+    def finish_external(self, job_id: int, user: str, state: JobState, reason: str) -> Job:
+        """The end of a job the engine did not launch (a kernel): shut down, crashed, idle."""
+        job = self.get(job_id)
+        self.check_owner(job, user)
+        if job.kind not in EXTERNAL_KINDS:
+            raise InvalidInput("kind", f"job {job_id} is a {job.kind} job; cancel it instead")
+        if job.state.is_final:
+            return job
+        return self._set_state(job_id, state, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
+
+    def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024) -> tuple[str, int, bool]:
+        """(text, next offset, job ended) from a job's log file."""
+        job = self.get(job_id)
+        path = self.store.log_path(job_id)
+        if self._log_removed(job, path):
+            raise LogRemoved(f"the log of job {job_id} was removed after the {format_duration(self.job_retention_s)} "
+                             "retention (c.GPUJobs.job_retention); the job's record and events are kept")
+        if not path or not Path(path).exists():
+            return "", offset, job.state.is_final
+        with open(path, "rb") as f:
+            f.seek(max(0, offset))
+            data = f.read(max_bytes)
+        # do not split a UTF-8 character
+        cut = len(data)
+        while cut > 0 and cut > len(data) - 4 and (data[cut - 1] & 0xC0) == 0x80:
+            cut -= 1
+        if cut > 0 and data[cut - 1] >= 0xC0:
+            cut -= 1
+        if cut <= 0 and data:
+            cut = len(data)
+        done = job.state.is_final and len(data) < max_bytes
+        return data[:cut].decode("utf-8", errors="replace"), offset + cut, done
+
+    def set_quota(self, actor: str, scope: str, name: str, quota: dict[str, Any] | None) -> None:
+        if not self.is_admin(actor):
+            raise PermissionDenied("only admins may change quotas")
+        if scope not in ("users", "groups"):
+            raise InvalidInput("scope", "expected 'users' or 'groups'")
+        if quota is None:
+            self.quota_overrides[scope].pop(name, None)
+        else:
+            self.quota_overrides[scope][name] = quota
+        self.wake()
+
+    # ================================================================= listeners
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def _publish(self, job: Job, event: dict[str, Any]) -> None:
+        if not self._listeners:
+            return
+        self.broadcast({"type": "job", "job": self.view(job), "event": event})
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        """Hand a message (`{"type": ...}`) to every listener: the events websockets, which
+        decide who may see it, and the monitor. The monitor's findings go out this way."""
+        for listener in list(self._listeners):
+            try:
+                listener(message)
+            except Exception:
+                log.exception("gpujobs: event listener failed")
+
+    # ================================================================= state changes
+
+    def _set_state(self, job_id: int, state: JobState, actor: str, reason: str,
+                   expect: tuple[JobState, ...] | None = None, data: dict[str, Any] | None = None,
+                   **fields: Any) -> Job | None:
+        now = self.clock()
+        if state.is_final:
+            fields.setdefault("ended_at", now)
+        job = self.store.transition(job_id, state, actor, reason, now, expect=expect, data=data, **fields)
+        if job is None:
+            return None
+        if state.is_final:
+            self._forget(job_id)
+            self._handles.pop(job_id, None)
+            self._terminating.discard(job_id)
+            self._warned.discard(job_id)
+            for fut in self._ended_waiters.pop(job_id, []):
+                if not fut.done():
+                    fut.set_result(job)
+        else:
+            self._keep(job)
+        self._publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
+                            "reason": reason, "data": data or {}})
+        self.wake()
+        return job
+
+    def _terminate(self, job: Job, reason: str, outcome: str, grace_s: int) -> None:
+        if job.id in self._terminating:
+            return
+        handle = self._handles.get(job.id)
+        if handle is None:
+            return
+        self._terminating.add(job.id)
+        self.store.add_event(job.id, "STOPPING", "engine", f"stopping: {reason}", self.clock())
+        self.runner.terminate(job.id, handle, reason, outcome, grace_s)
+
+    def poll(self) -> None:
+        """Record jobs whose process ended."""
+        if not self._handles:
+            return
+        for exit_ in self.runner.poll(dict(self._handles)):
+            self._finish(exit_.job_id, exit_)
+
+    def _finish(self, job_id: int, exit_: Exit) -> None:
+        job = self.active_job(job_id) or self.store.get(job_id)
+        if job is None or job.state.is_final:
+            self._handles.pop(job_id, None)
+            return
+        ran = (exit_.ended_at - job.started_at) if job.started_at else 0.0
+        fields = {"exit_code": exit_.exit_code, "signal": exit_.signal,
+                  "run_seconds": job.run_seconds + max(0.0, ran)}
+        data = {"outcome": exit_.outcome, "exit_code": exit_.exit_code, "signal": exit_.signal}
+        if exit_.outcome == "preempted":
+            if job.requeue:
+                self._handles.pop(job_id, None)
+                self._terminating.discard(job_id)
+                self._set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
+                                started_at=None, host=None, assigned_gpus=(), borrowed=False,
+                                restarts=job.restarts + 1, **fields)
+                return
+            state = JobState.CANCELLED
+        else:
+            state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
+        self._set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
+
+    # ================================================================= the cycle
+
+    def cycle(self) -> Plan:
+        """One scheduling cycle: snapshot -> schedule() -> carry out the plan."""
+        t0 = time.perf_counter()
+        if self._burst_timer is not None:  # this cycle sees every submission stored so far
+            self._burst_timer.cancel()
+            self._burst_timer = None
+        now = self.clock()
+        gpus = [g for g in self.inventory]
+        pending = self._pending  # handed to schedule() as it is: it neither keeps nor changes it
+        running = list(self._running.values())
+        self._enforce_limits(running, now)
+        self._account_usage(running, now)
+        dep_ids = {d.job_id for j in pending.values() for d in j.depends}
+        finished = self.store.final_states(i for i in dep_ids if self.active_job(i) is None)
+        # Every cycle decides. Every estimate_interval (and within a second of new jobs that
+        # have none) a cycle also recalculates the priorities and estimates every job's start:
+        # on a deep queue that is most of a cycle's cost, and seconds of lag are harmless.
+        newest = max(pending, default=0)
+        since = now - self._estimated_at
+        estimate = since >= self.estimate_interval or (newest > self._estimated_newest and since >= 1.0)
+        order = None if estimate else self._plan.queue_order
+        t_plan = time.perf_counter()
+        gc.disable()  # a cycle makes only acyclic garbage; a collection now would scan the heap
+        try:
+            plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished,
+                            estimate=estimate, order=order)
+        finally:
+            gc.enable()
+        self.schedule_seconds = time.perf_counter() - t_plan
+        if estimate:
+            self._estimates, self._estimated_at, self._estimated_newest = plan.expected_start, now, newest
+        self._plan = plan
+        self._plan_at = now
+        started = {st.job_id for st in plan.starts}
+        self._waiting = [jid for jid in plan.order if jid not in started] if started else plan.order
+        self._positions = None
+        for job_id, reason in plan.cancels:
+            self._set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
+        for p in plan.preemptions:
+            victim = self._running.get(p.job_id)
+            if victim is None:  # no longer running
+                continue
+            if victim.kind in EXTERNAL_KINDS:
+                self._set_state(victim.id, JobState.CANCELLED, "scheduler", p.reason, expect=(JobState.RUNNING,))
+            else:
+                self._terminate(victim, p.reason, "preempted", self.policy.preempt_grace_s)
+        by_host = {(g.host, g.index): g for g in gpus}
+        for start in plan.starts:
+            job = self._pending.get(start.job_id)
+            if job is None:  # no longer pending
+                continue
+            self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed)
+        self.cycle_seconds.append(time.perf_counter() - t0)
+        del self.cycle_seconds[:-200]
+        return plan
+
+    def current_policy(self) -> Policy:
+        if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
+            return self.policy
+        from ..config import _quota
+
+        user_quotas = dict(self.policy.user_quotas)
+        group_quotas = dict(self.policy.group_quotas)
+        user_quotas.update({u: _quota(u, q) for u, q in self.quota_overrides["users"].items()})
+        group_quotas.update({g: _quota(g, q) for g, q in self.quota_overrides["groups"].items()})
+        return replace(self.policy, user_quotas=user_quotas, group_quotas=group_quotas)
+
+    def _limit_times(self, job: Job) -> tuple[float, float] | tuple[None, None]:
+        """(when a started job reaches its time limit, when it is warned of it: at
+        `time_limit_warning_s` before, or a fifth of a shorter limit); (None, None) for a job
+        not started or without a limit."""
+        if not job.started_at or not job.time_limit_s:
+            return None, None
+        end = job.started_at + job.time_limit_s
+        return end, end - min(self.time_limit_warning_s, job.time_limit_s // 5)
+
+    def _enforce_limits(self, running: list[Job], now: float) -> None:
+        """Warn before a time limit; stop external (kernel) jobs at it. Script jobs are
+        stopped by their supervisor; this is the safety net if one overstays."""
+        for job in running:
+            end, warn_at = self._limit_times(job)
+            if end is None or warn_at is None:
+                continue
+            if job.id not in self._warned and now >= warn_at and now < end:
+                self._warned.add(job.id)
+                left = format_duration(end - now)
+                self.store.add_event(job.id, "WARNING", "engine", f"time limit in {left}", now,
+                                     data={"time_limit_at": end})
+                self._publish(job, {"job_id": job.id, "time": now, "state": "WARNING", "actor": "engine",
+                                    "reason": f"time limit in {left}", "data": {"time_limit_at": end}})
+            if now >= end:
+                reason = f"time limit of {format_duration(job.time_limit_s)} reached"
+                if job.kind in EXTERNAL_KINDS:
+                    self._set_state(job.id, JobState.TIMEOUT, "engine", reason, expect=(JobState.RUNNING,))
+                elif now >= end + self.kill_grace_s + 5:
+                    self._terminate(job, reason, "timeout", self.kill_grace_s)
+
+    def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool) -> None:
+        now = self.clock()
+        reason = "started on GPU " + ",".join(str(g.index) for g in gpus) if gpus else "started (no GPU)"
+        if borrowed:
+            reason += " (borrowed: may be reclaimed)"
+        try:
+            started = self.store.start(job.id, host, [(g.index, g.uuid) for g in gpus], now,
+                                       borrowed=borrowed, reason=reason)
+        except GPUAlreadyAllocated as err:
+            log.error("gpujobs: refused to start job %s: %s", job.id, err)
+            return
+        if started is None:
+            return
+        self._keep(started)
+        if job.kind not in EXTERNAL_KINDS:
+            log_path = self.state_dir / "logs" / f"job-{job.id}.log"
+            env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
+            if job.array_index is not None:
+                env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
+                env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
+            request = LaunchRequest(
+                job_id=job.id,
+                command=list(job.command),
+                cwd=job.cwd or str(self.root_dir),
+                env=env,
+                gpu_indices=[g.index for g in gpus],
+                gpu_uuids=[g.uuid for g in gpus],
+                time_limit_s=job.time_limit_s,
+                grace_s=self.kill_grace_s,
+                log_path=str(log_path),
+                fake=self.gpus.name == "fake",
+            )
+            try:
+                handle = self.runner.start(request)
+            except Exception as err:
+                log.exception("gpujobs: could not start job %s", job.id)
+                self._set_state(job.id, JobState.FAILED, "runner", f"could not start: {err}",
+                                expect=(JobState.RUNNING,))
+                return
+            self.store.update_job(job.id, runner_handle=handle, log_path=str(log_path))
+            self._handles[job.id] = handle
+        self._publish(started, {"job_id": job.id, "time": now, "state": "RUNNING", "actor": "scheduler",
+                                "reason": reason})
+
+
+def _format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+__all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "EXTERNAL_KINDS"]

@@ -1,0 +1,501 @@
+"""The store: the one place jobs, events and allocations are kept (SQLAlchemy 2).
+
+SQLite in WAL mode in the Jupyter data dir by default; any SQLAlchemy URL (PostgreSQL) by
+config. The schema is created and upgraded by alembic (`migrate()`), from the first table on.
+Every state change of a job goes through `transition()`, which writes the job and its event
+row in one transaction, so the audit log never disagrees with the jobs table. No scheduling
+logic lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Table, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from ...model import Dependency, Job, JobState
+from .tables import AllocationRow, Base, EventRow, JobRow, UsageRow
+
+__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew"]
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer jupyter-gpujobs: its schema revision is unknown here."""
+
+
+class GPUAlreadyAllocated(RuntimeError):
+    """Refused: the GPU is held by another job (the unique index said no)."""
+
+
+@dataclass(frozen=True)
+class NewJobs:
+    """One submission to store: its jobs' fields, who submitted it (the event's actor) and when.
+    With `array`, the jobs are the tasks of one array job, whose id is its first task's id."""
+
+    specs: Sequence[dict[str, Any]]
+    actor: str
+    now: float
+    array: bool = False
+
+
+class Event(dict):
+    """An event row as a plain dict: id, job_id, time, state, actor, reason, data."""
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def _to_job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        user=row.user,
+        command=list(row.command or []),
+        kind=row.kind,
+        name=row.name,
+        gpus=row.gpus,
+        gpu_type=row.gpu_type,
+        time_limit_s=row.time_limit_s,
+        priority=row.priority,
+        group=row.group,
+        preemptible=row.preemptible,
+        requeue=row.requeue,
+        begin=row.begin,
+        offpeak=row.offpeak,
+        depends=tuple(Dependency(d["kind"], int(d["job_id"])) for d in (row.depends or [])),
+        array_job_id=row.array_job_id,
+        array_index=row.array_index,
+        array_max_running=row.array_max_running,
+        cwd=row.cwd,
+        env=dict(row.env or {}),
+        payload=dict(row.payload or {}),
+        state=JobState(row.state),
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        host=row.host,
+        assigned_gpus=tuple(row.assigned_gpus or ()),
+        borrowed=row.borrowed,
+        exit_code=row.exit_code,
+        signal=row.signal,
+        reason=row.reason or "",
+        run_seconds=row.run_seconds or 0.0,
+        restarts=row.restarts or 0,
+    )
+
+
+_ROW_FIELDS = {
+    "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
+    "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
+    "array_max_running", "cwd", "env", "payload", "state", "submitted_at", "started_at", "ended_at",
+    "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
+    "runner_handle", "log_path",
+}
+
+
+def _row_values(fields: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key == "depends":
+            values["depends"] = [{"kind": d.kind, "job_id": d.job_id} for d in value]
+        elif key == "state":
+            values["state"] = JobState(value).value
+        elif key == "assigned_gpus":
+            values["assigned_gpus"] = list(value)
+        elif key in _ROW_FIELDS:
+            values[key] = value
+        else:
+            raise KeyError(f"not a stored job field: {key}")
+    return values
+
+
+def _columns(values: dict[str, Any]) -> dict[str, Any]:
+    """ORM attribute names -> table column names (only `group` differs)."""
+    out = dict(values)
+    if "group" in out:
+        out["group_name"] = out.pop("group")
+    return out
+
+
+def _job_from_values(v: dict[str, Any]) -> Job:
+    from types import SimpleNamespace
+
+    fields = {c: None for c in _ROW_FIELDS}
+    fields.update(v)
+    return _to_job(SimpleNamespace(**fields))  # type: ignore[arg-type]
+
+
+@cache
+def _driver_insert_plan(table: Table, dialect: Dialect
+                        ) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]], list[tuple[int, Callable[[Any], Any]]]]:
+    """An INSERT of every column but the id, compiled by SQLAlchemy for this dialect; a getter
+    of a row's values in its parameter order; and the bind processors to apply (position,
+    processor), as SQLAlchemy would apply them (JSON columns serialise)."""
+    compiled = insert(table).compile(dialect=dialect, column_keys=[c.name for c in table.columns if c.name != "id"])
+    assert compiled.positiontup is not None  # SQLite's qmark style
+    keys = list(compiled.positiontup)
+    processors = [(n, table.c[key].type.dialect_impl(dialect).bind_processor(dialect)) for n, key in enumerate(keys)]
+    return compiled.string, itemgetter(*keys), [(n, proc) for n, proc in processors if proc is not None]
+
+
+def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]], ids: bool = False) -> Sequence[int]:
+    """Insert rows, each with every column but the id; with `ids`, return their new ids in the
+    rows' order. On SQLite (the submit path) with one executemany on the DBAPI cursor, inside
+    the connection's transaction, converting values as SQLAlchemy would: `Connection.execute`
+    cost more than SQLite's own work, even `exec_driver_sql`'s execution context and result
+    added 12-27 % to a batch of 16 to 1 submissions, and SQLite has no RETURNING whose rows
+    follow the parameters, so SQLAlchemy would run one INSERT per row. The transaction holds
+    the database's only write lock, so the rows take consecutive ids, in order. Other
+    databases: Core, with RETURNING in parameter order."""
+    if conn.dialect.name != "sqlite":
+        if not ids:
+            conn.execute(insert(table), rows)
+            return ()
+        returning = insert(table).returning(table.c.id, sort_by_parameter_order=True)
+        return conn.execute(returning, rows).scalars().all()
+    sql, values_of, processors = _driver_insert_plan(table, conn.dialect)
+    params = []
+    for row in rows:
+        values = list(values_of(row))
+        for n, process in processors:
+            values[n] = process(values[n])
+        params.append(tuple(values))
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(sql, params)
+        if not ids:
+            return ()
+        last = cursor.execute("SELECT last_insert_rowid()").fetchone()[0]
+    finally:
+        cursor.close()
+    return range(last - len(rows) + 1, last + 1)
+
+
+def default_url(data_dir: str | Path) -> str:
+    path = Path(data_dir) / "gpujobs.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+class Store:
+    """Repository over the tables. Thread-safe as SQLAlchemy sessions are: one per call."""
+
+    def __init__(self, url: str, echo: bool = False):
+        self.url = url
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: Engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    # ----------------------------------------------------------------- schema
+
+    def migrate(self, revision: str = "head") -> None:
+        """Create or upgrade the schema to `revision` (the newest by default). A database whose
+        schema this version does not know (written by a newer jupyter-gpujobs) is refused
+        with `SchemaTooNew`, and left as it is."""
+        from alembic import command
+        from alembic.config import Config
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        known = [s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()]
+        with self.engine.begin() as conn:
+            current = MigrationContext.configure(conn).get_current_heads()
+            unknown = [r for r in current if r not in known]
+            if unknown:
+                raise SchemaTooNew(
+                    f"the database {self.engine.url.render_as_string(hide_password=True)} has schema "
+                    f"revision {unknown[0]}, which this jupyter-gpujobs does not know (it knows up to "
+                    f"{known[0]}): it was written by a newer version. Upgrade jupyter-gpujobs, or point "
+                    "c.GPUJobs.db_url at another database; nothing in this one was changed.")
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+
+    def revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def session(self) -> Session:
+        return self._session()
+
+    # ----------------------------------------------------------------- jobs
+
+    _NEW_JOB_DEFAULTS: dict[str, Any] = {
+        "command": [], "depends": [], "env": {}, "payload": {}, "assigned_gpus": [], "runner_handle": {},
+        "reason": "", "run_seconds": 0.0, "restarts": 0, "borrowed": False, "preemptible": False,
+        "requeue": True, "offpeak": False, "name": "", "kind": "script", "gpus": 1, "priority": "normal",
+    }
+
+    _JOB_COLUMNS = [c.name for c in JobRow.__table__.columns if c.name != "id"]
+
+    def add_jobs(self, specs: Sequence[dict[str, Any]], actor: str, now: float) -> list[Job]:
+        """Insert new PENDING jobs with their "submitted" events, in one transaction."""
+        return self.add_submissions([NewJobs(specs, actor, now)])[0]
+
+    def add_submissions(self, submissions: Sequence[NewJobs]) -> list[list[Job]]:
+        """Insert several submissions' jobs and "submitted" events in one transaction (one
+        commit for the lot: the engine's group commit); returns each submission's jobs, ids
+        in submission order. All or nothing: on an error nothing of the batch is stored.
+
+        Core executemany inserts rather than ORM objects: this is the submit path, and the
+        ORM's unit of work cost more than the SQLite commit itself.
+        """
+        jobs_table = JobRow.__table__
+        columns = self._JOB_COLUMNS
+        groups: list[list[dict[str, Any]]] = []
+        for sub in submissions:
+            rows = []
+            for spec in sub.specs:
+                values = {**self._NEW_JOB_DEFAULTS, **_row_values({**spec, "state": JobState.PENDING,
+                                                                    "submitted_at": sub.now})}
+                rows.append({k: v for k, v in values.items() if v is not None or k not in self._NEW_JOB_DEFAULTS})
+            groups.append(rows)
+        all_rows = [values for rows in groups for values in rows]
+        if not all_rows:
+            return [[] for _ in submissions]
+        with self.engine.begin() as conn:
+            params = [{c: p.get(c) for c in columns} for p in map(_columns, all_rows)]
+            ids = _insert_rows(conn, jobs_table, params, ids=True)
+            for values, job_id in zip(all_rows, ids):
+                values["id"] = job_id
+            for sub, rows in zip(submissions, groups):
+                if sub.array and rows:
+                    array_id = rows[0]["id"]
+                    conn.execute(update(jobs_table).where(jobs_table.c.id.in_([v["id"] for v in rows]))
+                                 .values(array_job_id=array_id))
+                    for values in rows:
+                        values["array_job_id"] = array_id
+            events = [{"job_id": values["id"], "time": sub.now, "state": "PENDING", "actor": sub.actor,
+                       "reason": "submitted", "data": {}}
+                      for sub, rows in zip(submissions, groups) for values in rows]
+            _insert_rows(conn, EventRow.__table__, events)
+        return [[_job_from_values(v) for v in rows] for rows in groups]
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        """Change stored fields without a state change (no event)."""
+        with self._session.begin() as s:
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(**_row_values(fields)))
+
+    def get(self, job_id: int) -> Job | None:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return _to_job(row) if row else None
+
+    def get_many(self, ids: Iterable[int]) -> dict[int, Job]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        with self._session() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.id.in_(ids))).all()
+            return {r.id: _to_job(r) for r in rows}
+
+    def runner_handle(self, job_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return dict(row.runner_handle or {}) if row else {}
+
+    def log_path(self, job_id: int) -> str | None:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return row.log_path if row else None
+
+    def list_jobs(
+        self,
+        state: Sequence[str] | None = None,
+        user: str | None = None,
+        limit: int = 100,
+        cursor: int | None = None,
+        kind: str | None = None,
+    ) -> tuple[list[Job], int | None]:
+        """Newest first. `cursor` is the id to continue below; returns (jobs, next cursor)."""
+        q = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
+        if state:
+            q = q.where(JobRow.state.in_([JobState(s).value for s in state]))
+        if user:
+            q = q.where(JobRow.user == user)
+        if kind:
+            q = q.where(JobRow.kind == kind)
+        if cursor is not None:
+            q = q.where(JobRow.id < cursor)
+        with self._session() as s:
+            rows = s.scalars(q).all()
+        jobs = [_to_job(r) for r in rows[:limit]]
+        nxt = jobs[-1].id if len(rows) > limit and jobs else None
+        return jobs, nxt
+
+    def active_jobs(self) -> tuple[list[Job], list[Job]]:
+        """(pending, running), each in id order."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(JobRow).where(JobRow.state.in_(["PENDING", "RUNNING"])).order_by(JobRow.id)
+            ).all()
+        pending = [_to_job(r) for r in rows if r.state == "PENDING"]
+        running = [_to_job(r) for r in rows if r.state == "RUNNING"]
+        return pending, running
+
+    def final_states(self, ids: Iterable[int]) -> dict[int, JobState]:
+        ids = list(set(ids))
+        if not ids:
+            return {}
+        with self._session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.state).where(JobRow.id.in_(ids))).all()
+        return {i: JobState(st) for i, st in rows if JobState(st).is_final}
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._session() as s:
+            rows = s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all()
+        return {st: n for st, n in rows}
+
+    # ----------------------------------------------------------------- state changes
+
+    def transition(
+        self,
+        job_id: int,
+        state: JobState,
+        actor: str,
+        reason: str,
+        now: float,
+        expect: Sequence[JobState] | None = None,
+        data: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Job | None:
+        """Move a job to `state`, with its event, in one transaction.
+
+        With `expect`, the change only happens if the job is in one of those states (returns
+        None otherwise), so two actors racing (a cancel and an exit) cannot both win.
+        """
+        with self._session.begin() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                return None
+            if expect is not None and JobState(row.state) not in expect:
+                return None
+            for key, value in _row_values({**fields, "state": state, "reason": reason}).items():
+                setattr(row, key, value)
+            s.add(EventRow(job_id=job_id, time=now, state=JobState(state).value, actor=actor,
+                           reason=reason, data=data or {}))
+            if JobState(state) is not JobState.RUNNING:
+                s.execute(
+                    update(AllocationRow)
+                    .where(AllocationRow.job_id == job_id, AllocationRow.released_at.is_(None))
+                    .values(released_at=now)
+                )
+            s.flush()
+            return _to_job(row)
+
+    def start(
+        self,
+        job_id: int,
+        host: str,
+        gpus: Sequence[tuple[int, str]],
+        now: float,
+        borrowed: bool = False,
+        actor: str = "scheduler",
+        reason: str = "started",
+    ) -> Job | None:
+        """PENDING -> RUNNING with its GPU allocation, atomically.
+
+        Raises GPUAlreadyAllocated when any of the GPUs is held by a running job.
+        Returns None when the job is no longer pending (cancelled meanwhile).
+        """
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self._session.begin() as s:
+                row = s.get(JobRow, job_id, with_for_update=True)
+                if row is None or row.state != "PENDING":
+                    return None
+                for index, uuid in gpus:
+                    s.add(AllocationRow(job_id=job_id, host=host, gpu_index=index, gpu_uuid=uuid, started_at=now))
+                s.flush()
+                row.state = "RUNNING"
+                row.started_at = now
+                row.host = host
+                row.assigned_gpus = [i for i, _ in gpus]
+                row.borrowed = borrowed
+                row.reason = reason
+                s.add(EventRow(job_id=job_id, time=now, state="RUNNING", actor=actor, reason=reason,
+                               data={"host": host, "gpus": [i for i, _ in gpus], "borrowed": borrowed}))
+                s.flush()
+                return _to_job(row)
+        except IntegrityError as err:
+            raise GPUAlreadyAllocated(f"a GPU of {list(gpus)} on {host} is already allocated") from err
+
+    def active_allocations(self) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(select(AllocationRow).where(AllocationRow.released_at.is_(None))).all()
+            return [
+                {"job_id": r.job_id, "host": r.host, "gpu_index": r.gpu_index, "gpu_uuid": r.gpu_uuid,
+                 "started_at": r.started_at}
+                for r in rows
+            ]
+
+    # ----------------------------------------------------------------- events
+
+    def add_event(self, job_id: int, state: str, actor: str, reason: str, now: float,
+                  data: dict[str, Any] | None = None) -> None:
+        """An event without a state change (a warning, a finding)."""
+        with self._session.begin() as s:
+            s.add(EventRow(job_id=job_id, time=now, state=state, actor=actor, reason=reason, data=data or {}))
+
+    def events(self, job_id: int | None = None, since_id: int = 0, limit: int = 1000) -> list[Event]:
+        q = select(EventRow).where(EventRow.id > since_id).order_by(EventRow.id).limit(limit)
+        if job_id is not None:
+            q = q.where(EventRow.job_id == job_id)
+        with self._session() as s:
+            rows = s.scalars(q).all()
+        return [
+            Event(id=r.id, job_id=r.job_id, time=r.time, state=r.state, actor=r.actor, reason=r.reason,
+                  data=r.data or {})
+            for r in rows
+        ]
+
+    # ----------------------------------------------------------------- fair-share usage
+
+    def load_usage(self) -> dict[str, tuple[float, float]]:
+        with self._session() as s:
+            return {r.key: (r.gpu_seconds, r.updated_at) for r in s.scalars(select(UsageRow)).all()}
+
+    def save_usage(self, usage: dict[str, float], now: float) -> None:
+        with self._session.begin() as s:
+            for key, value in usage.items():
+                row = s.get(UsageRow, key)
+                if row is None:
+                    s.add(UsageRow(key=key, gpu_seconds=value, updated_at=now))
+                else:
+                    row.gpu_seconds = value
+                    row.updated_at = now
+
+
+def now() -> float:
+    return time.time()
+
+
+__all__ += ["Base", "default_url"]

@@ -1,0 +1,153 @@
+"""`jupyter gpujobs kernelspec install|list`: the kernelspecs whose kernels queue for GPUs.
+
+A GPU kernelspec is a copy of an existing one (python3 by default: its argv, language, env,
+logos) plus `metadata.kernel_provisioner` naming `gpujobs-provisioner` with the request
+(`gpus`, `gpu_type`, `time_limit`, `priority`, `idle_timeout`, `max_wait`). It is installed
+with jupyter_client's `KernelSpecManager.install_kernel_spec`, so it lands where Jupyter looks
+(`--user`, `--sys-prefix`, `--prefix`, or the system-wide default) and shows in the Lab launcher.
+
+    jupyter gpujobs kernelspec install --name python3-gpu --display-name "Python 3 (1 GPU, 4h)" \\
+        --gpus 1 --time 4h --type A100 --idle-timeout 30m --max-wait 1h --user
+    jupyter gpujobs kernelspec list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from ..model import InvalidInput, format_duration, parse_duration, parse_gpu_count, parse_priority
+from .provisioner import PROVISIONER_NAME
+
+_NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
+
+
+def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type: str | None = None,
+               priority: str = "normal", idle_timeout: Any = None, max_wait: Any = None,
+               display_name: str | None = None) -> dict[str, Any]:
+    """kernel.json of a GPU kernelspec wrapping `wrapped` (a kernel.json dict). Raises InvalidInput."""
+    n = parse_gpu_count(gpus, "gpus")
+    if n < 1:
+        raise InvalidInput("gpus", "a GPU kernel needs at least 1 GPU")
+    limit = parse_duration(time_limit, "time_limit")
+    config: dict[str, Any] = {"gpus": n, "time_limit": format_duration(limit),
+                              "priority": parse_priority(priority or "normal")}
+    if gpu_type is not None:
+        if not gpu_type.strip() or not re.fullmatch(r"[\w.-]+", gpu_type.strip()):
+            raise InvalidInput("gpu_type", f"expected a GPU model such as A100, got {gpu_type!r}")
+        config["gpu_type"] = gpu_type.strip()
+    if idle_timeout not in (None, ""):
+        config["idle_timeout"] = format_duration(parse_duration(idle_timeout, "idle_timeout"))
+    if max_wait not in (None, ""):
+        config["max_wait"] = format_duration(parse_duration(max_wait, "max_wait"))
+    if not display_name:
+        base = re.sub(r"\s*\(ipykernel\)\s*$", "", wrapped.get("display_name") or "Kernel")
+        what = f"{n}x{config['gpu_type']}" if "gpu_type" in config else f"{n} GPU{'s' if n > 1 else ''}"
+        display_name = f"{base} ({what}, {config['time_limit']})"
+    spec = {k: v for k, v in wrapped.items() if k not in ("display_name", "metadata")}
+    metadata = dict(wrapped.get("metadata") or {})
+    metadata["kernel_provisioner"] = {"provisioner_name": PROVISIONER_NAME, "config": config}
+    spec["display_name"] = display_name
+    spec["metadata"] = metadata
+    return spec
+
+
+def _where(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "user", False):
+        return {"user": True, "prefix": None}
+    if getattr(args, "sys_prefix", False):
+        return {"user": False, "prefix": sys.prefix}
+    if getattr(args, "prefix", None):
+        return {"user": False, "prefix": os.path.abspath(args.prefix)}
+    return {"user": False, "prefix": None}  # Jupyter's default: the system-wide kernel dir
+
+
+def install(args: argparse.Namespace) -> int:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    name = args.name.strip()
+    if not _NAME.match(name):
+        raise InvalidInput("name", f"{name!r} is not a valid kernelspec name; use letters, digits, '.', '_', '-'")
+    ksm = KernelSpecManager()
+    try:
+        wrapped = ksm.get_kernel_spec(args.kernel)
+    except NoSuchKernel:
+        raise InvalidInput("kernel", f"no kernelspec {args.kernel!r} to wrap; see `jupyter kernelspec list`") from None
+    source = wrapped.to_dict()
+    wrapped_provisioner = (source.get("metadata") or {}).get("kernel_provisioner", {}).get("provisioner_name")
+    if wrapped_provisioner == PROVISIONER_NAME:
+        raise InvalidInput("kernel", f"{args.kernel!r} is already a GPU kernelspec; wrap a plain one (e.g. python3)")
+    spec = build_spec(source, gpus=args.gpus, time_limit=args.time_limit, gpu_type=args.gpu_type,
+                      priority=args.priority, idle_timeout=args.idle_timeout, max_wait=args.max_wait,
+                      display_name=args.display_name)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, name)
+        os.mkdir(folder)
+        for entry in os.listdir(wrapped.resource_dir):  # logos and other resources
+            if entry != "kernel.json" and os.path.isfile(os.path.join(wrapped.resource_dir, entry)):
+                shutil.copy(os.path.join(wrapped.resource_dir, entry), folder)
+        with open(os.path.join(folder, "kernel.json"), "w") as f:
+            json.dump(spec, f, indent=1)
+        try:
+            dest = ksm.install_kernel_spec(folder, kernel_name=name, **_where(args))
+        except PermissionError as err:
+            print(f"error: cannot write {err.filename or 'the kernelspec'}: permission denied; "
+                  "use --user or --sys-prefix", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as err:
+            print(f"error: cannot install kernelspec {name!r}: {err}", file=sys.stderr)
+            return 1
+    cfg = spec["metadata"]["kernel_provisioner"]["config"]
+    print(f"installed GPU kernelspec {name} ({spec['display_name']}) in {dest}")
+    print("  " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+    return 0
+
+
+def gpu_kernelspecs() -> dict[str, dict[str, Any]]:
+    """name -> {"resource_dir", "spec"} of every installed GPU kernelspec."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    out = {}
+    for name, info in sorted(KernelSpecManager().get_all_specs().items()):
+        provisioner = (info["spec"].get("metadata") or {}).get("kernel_provisioner") or {}
+        if provisioner.get("provisioner_name") == PROVISIONER_NAME:
+            out[name] = info
+    return out
+
+
+def list_specs(args: argparse.Namespace) -> int:
+    specs = gpu_kernelspecs()
+    if not specs:
+        print("no GPU kernelspecs; add one with: jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 "
+              "--time 4h --user")
+        return 0
+    rows = []
+    for name, info in specs.items():
+        cfg = info["spec"]["metadata"]["kernel_provisioner"].get("config") or {}
+        gpus = str(cfg.get("gpus", 1)) + (f"x{cfg['gpu_type']}" if cfg.get("gpu_type") else "")
+        rows.append([name, info["spec"].get("display_name", ""), gpus, str(cfg.get("time_limit", "-")),
+                     str(cfg.get("idle_timeout", "-")), str(cfg.get("max_wait", "-")), info["resource_dir"]])
+    headers = ["NAME", "DISPLAY NAME", "GPUS", "TIME", "IDLE", "MAX WAIT", "PATH"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for row in [headers, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry from `jupyter gpujobs kernelspec ...` (cli.py parses the arguments)."""
+    if args.ks_cmd == "install":
+        return install(args)
+    if args.ks_cmd == "list":
+        return list_specs(args)
+    print("usage: jupyter gpujobs kernelspec install|list (see --help)", file=sys.stderr)
+    return 2
+
+
+__all__ = ["build_spec", "gpu_kernelspecs", "install", "list_specs", "main"]

@@ -1,0 +1,301 @@
+"""Queued notebook execution: a job of kind `notebook` runs a whole notebook with nbclient on its
+allocated GPUs, papermill-style.
+
+This module owns both sides of it:
+
+- the engine side, called by `service.py` on submission: `check_notebook_payload()` validates and
+  normalises the payload (`notebook`, `parameters`, `kernel`, `output`), and `notebook_command()`
+  gives the job its command and its output path;
+- the job side, `python -m jupyter_gpujobs.notebook.notebooks run NB --output OUT [--parameters JSON]
+  [--kernel K]`: injects the parameters as a cell tagged `injected-parameters` after the cell
+  tagged `parameters` (or at the top), executes every cell in a kernel that inherits the job's
+  `CUDA_VISIBLE_DEVICES`, prints `executing cell 3/12` lines and the cells' output to the job log,
+  and writes the executed notebook after every cell, at the end, and on failure (the failing cell
+  keeps its error output; a note at the top names it; the exit status is 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ..model import InvalidInput, Job
+
+PAYLOAD_FIELDS = ("notebook", "parameters", "kernel", "output")
+INJECTED_TAG = "injected-parameters"
+PARAMETERS_TAG = "parameters"
+ERROR_TAG = "gpujobs-error"
+
+
+# ----------------------------------------------------------------------------- engine side
+
+
+def _resolve(path: str, root_dir: Path) -> Path:
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute():
+        p = Path(root_dir) / p
+    return Path(os.path.normpath(p))
+
+
+def check_notebook_payload(payload: dict[str, Any], root_dir: Path) -> dict[str, Any]:
+    """Validate a notebook job's payload; the normalised payload (absolute paths).
+
+    Raises InvalidInput naming the field (`payload.notebook`, `payload.parameters`, ...)."""
+    if not isinstance(payload, dict):
+        raise InvalidInput("payload", "expected an object with notebook, parameters, kernel, output")
+    unknown = sorted(set(payload) - set(PAYLOAD_FIELDS))
+    if unknown:
+        raise InvalidInput(f"payload.{unknown[0]}", "unknown field; expected notebook, parameters, kernel, output")
+
+    notebook = payload.get("notebook")
+    if not isinstance(notebook, str) or not notebook.strip():
+        raise InvalidInput("payload.notebook", "give the path of the notebook to run (e.g. analysis.ipynb)")
+    nb_path = _resolve(notebook, root_dir)
+    if nb_path.suffix != ".ipynb":
+        raise InvalidInput("payload.notebook", f"{notebook!r} is not a notebook (.ipynb)")
+    if not nb_path.is_file():
+        raise InvalidInput("payload.notebook", f"no such notebook: {notebook}")
+    try:
+        with open(nb_path, encoding="utf-8") as f:
+            content = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise InvalidInput("payload.notebook", f"cannot read {notebook} as a notebook: {err}") from None
+    if not isinstance(content, dict) or not isinstance(content.get("cells"), list):
+        raise InvalidInput("payload.notebook", f"{notebook} is not a Jupyter notebook (no cells)")
+
+    parameters = payload.get("parameters")
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("payload.parameters", "expected an object of NAME: value")
+    for name, value in parameters.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidInput("payload.parameters", f"{name!r} is not a variable name")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise InvalidInput("payload.parameters", f"the value of {name} is not a JSON value") from None
+
+    kernel = payload.get("kernel")
+    if kernel is not None:
+        if not isinstance(kernel, str) or not kernel.strip():
+            raise InvalidInput("payload.kernel", "expected a kernel name such as python3")
+        from jupyter_client.kernelspec import find_kernel_specs
+
+        specs = find_kernel_specs()
+        if kernel not in specs:
+            known = ", ".join(sorted(specs)) or "none"
+            raise InvalidInput("payload.kernel", f"no kernel named {kernel!r}; installed: {known}")
+
+    output = payload.get("output")
+    out_path: Path | None = None
+    if output is not None:
+        if not isinstance(output, str) or not output.strip():
+            raise InvalidInput("payload.output", "expected the path of the executed notebook or a folder")
+        out_path = _resolve(output, root_dir)
+        if out_path.suffix == ".ipynb":
+            if not out_path.parent.is_dir():
+                raise InvalidInput("payload.output", f"no such folder: {out_path.parent}")
+            if out_path == nb_path:
+                raise InvalidInput("payload.output", "the output would overwrite the input notebook")
+        elif not out_path.is_dir() and not out_path.parent.is_dir():
+            raise InvalidInput("payload.output", f"no such folder: {out_path.parent}")
+
+    return {
+        "notebook": str(nb_path),
+        "parameters": dict(parameters),
+        "kernel": kernel,
+        "output": str(out_path) if out_path is not None else None,
+    }
+
+
+def output_path(job: Job, root_dir: Path) -> Path:
+    """Where the executed notebook of `job` goes: `<stem>-job<ID>.ipynb` next to the input, in the
+    given folder, or the given .ipynb path (`-<array index>` added for an array task)."""
+    payload = job.payload
+    nb = Path(payload["notebook"])
+    default_name = f"{nb.stem}-job{job.id}.ipynb"
+    given = payload.get("output")
+    if not given:
+        return nb.parent / default_name
+    out = _resolve(given, root_dir)
+    if out.suffix != ".ipynb":
+        return out / default_name
+    if job.array_index is not None:
+        return out.with_name(f"{out.stem}-{job.array_index}{out.suffix}")
+    return out
+
+
+def notebook_command(job: Job, root_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """The command of a notebook job and its payload with `output` filled in (relative to
+    `root_dir` when inside it, as the lab UI opens it by that path)."""
+    payload = dict(job.payload)
+    out = output_path(job, root_dir)
+    command = [sys.executable, "-m", "jupyter_gpujobs.notebook.notebooks", "run", str(payload["notebook"]),
+               "--output", str(out)]
+    if payload.get("parameters"):
+        command += ["--parameters", json.dumps(payload["parameters"])]
+    if payload.get("kernel"):
+        command += ["--kernel", str(payload["kernel"])]
+    try:
+        shown = out.relative_to(Path(root_dir).resolve()).as_posix()
+    except ValueError:
+        try:
+            shown = out.relative_to(Path(root_dir)).as_posix()
+        except ValueError:
+            shown = str(out)
+    payload["output"] = shown
+    return command, payload
+
+
+# ----------------------------------------------------------------------------- job side
+
+
+def inject_parameters(nb: Any, parameters: dict[str, Any]) -> int | None:
+    """Put `parameters` in a new code cell tagged `injected-parameters`, after the cell tagged
+    `parameters` (or first); an injected cell of an earlier run is replaced. Returns its index."""
+    import nbformat
+
+    nb.cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    if not parameters:
+        return None
+    where = 0
+    for i, cell in enumerate(nb.cells):
+        if PARAMETERS_TAG in cell.get("metadata", {}).get("tags", []):
+            where = i + 1
+            break
+    source = "# Parameters\n" + "".join(f"{name} = {value!r}\n" for name, value in parameters.items())
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED_TAG]})
+    if nb.get("nbformat_minor", 5) < 5:
+        cell.pop("id", None)
+    nb.cells.insert(where, cell)
+    return where
+
+
+def _error_note(nb: Any, text: str) -> None:
+    import nbformat
+
+    note = nbformat.v4.new_markdown_cell(text, metadata={"tags": [ERROR_TAG]})
+    if nb.get("nbformat_minor", 5) < 5:
+        note.pop("id", None)
+    nb.cells = [c for c in nb.cells if ERROR_TAG not in c.get("metadata", {}).get("tags", [])]
+    nb.cells.insert(0, note)
+
+
+class _Stopped(BaseException):
+    """SIGTERM (cancel, time limit, preemption) while the notebook runs."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped(f"stopped by signal {signum}")
+
+
+def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] | None = None,
+                     kernel: str | None = None) -> int:
+    """Execute a notebook into `output`; returns the exit status (0 ok, 1 a cell failed,
+    143 stopped by SIGTERM)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(str(input_path), as_version=4)
+    inject_parameters(nb, parameters or {})
+    kernel_name = kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
+    runnable = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    number = {index: n + 1 for n, index in enumerate(runnable)}
+    current: dict[str, int] = {}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"job_id": os.environ.get("GPUJOBS_JOB_ID"), "input": str(input_path),
+            "parameters": parameters or {}, "kernel": kernel_name,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "started_at": time.time(), "status": "running"}
+    nb.metadata["gpujobs"] = meta
+    meta = nb.metadata["gpujobs"]  # the notebook holds its own copy
+
+    def save() -> None:
+        tmp = output.with_name(output.name + ".tmp")
+        nbformat.write(nb, str(tmp))
+        os.replace(tmp, output)
+
+    def on_cell_execute(cell: Any, cell_index: int) -> None:
+        current["index"] = cell_index
+        print(f"executing cell {number.get(cell_index, '?')}/{len(runnable)}", flush=True)
+
+    def on_cell_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
+        save()
+
+    class _Client(NotebookClient):
+        def output(self, outs: list[Any], msg: dict[str, Any], display_id: str | None,
+                   cell_index: int) -> Any:
+            if msg["msg_type"] == "stream":  # the cells' prints go to the job log, live
+                stream = sys.stderr if msg["content"].get("name") == "stderr" else sys.stdout
+                stream.write(msg["content"].get("text", ""))
+                stream.flush()
+            return super().output(outs, msg, display_id, cell_index)
+
+    client = _Client(nb, kernel_name=kernel_name, timeout=None, startup_timeout=120,
+                     resources={"metadata": {"path": str(input_path.parent)}},
+                     on_cell_execute=on_cell_execute, on_cell_executed=on_cell_executed)
+    print(f"running {input_path} with kernel {kernel_name} on GPUs "
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(none)')}; output: {output}", flush=True)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    status = 0
+    try:
+        client.execute()
+        meta["status"] = "completed"
+        print(f"done: {len(runnable)} cells executed; output notebook: {output}", flush=True)
+    except CellExecutionError as err:
+        index = current.get("index")
+        which = f"cell {number.get(index, '?')}/{len(runnable)}" if index is not None else "a cell"
+        _error_note(nb, f"**This notebook failed at {which}** (the cell with the error below): "
+                        f"`{err.ename}: {err.evalue}`")
+        meta.update(status="failed", failed_cell=None if index is None else index + 1,  # after the note
+                    error=f"{err.ename}: {err.evalue}")
+        print(f"\n{which} failed: {err.ename}: {err.evalue}", file=sys.stderr, flush=True)
+        print(str(err), file=sys.stderr, flush=True)
+        status = 1
+    except _Stopped as err:
+        meta.update(status="stopped", error=str(err))
+        print(f"notebook {err}; partial output written to {output}", file=sys.stderr, flush=True)
+        status = 143
+    except Exception as err:  # the kernel died or did not start
+        meta.update(status="failed", error=f"{type(err).__name__}: {err}")
+        _error_note(nb, f"**This notebook could not be executed**: `{type(err).__name__}: {err}`")
+        print(f"notebook failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        meta["ended_at"] = time.time()
+        save()
+    return status
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_gpujobs.notebook.notebooks",
+                                     description="Execute a notebook (what a notebook job runs).")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="execute a notebook with parameters")
+    run.add_argument("notebook")
+    run.add_argument("--output", required=True)
+    run.add_argument("--parameters", default="{}", help="JSON object of parameters")
+    run.add_argument("--kernel", default=None)
+    args = parser.parse_args(argv)
+    try:
+        parameters = json.loads(args.parameters)
+    except ValueError as err:
+        parser.error(f"--parameters is not JSON: {err}")
+    if not isinstance(parameters, dict):
+        parser.error("--parameters must be a JSON object")
+    sys.exit(execute_notebook(Path(args.notebook).resolve(), Path(args.output).resolve(), parameters,
+                              args.kernel))
+
+
+if __name__ == "__main__":
+    main()
