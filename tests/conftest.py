@@ -6,12 +6,19 @@ Two ways to get one:
   (the sync client, `subprocess.run`) from the test would stall the server it waits for.
 - `live_server(...)`: a separate `jupyter server` process, for restarts, the CLI, kernels and
   anything that blocks. It is stopped (or SIGKILLed by the test) at the end.
+
+The whole session runs on Jupyter dirs of its own (`_isolate_jupyter`): what the user installed
+or configured in their home, and a Jupyter server they are running, are not seen by the tests;
+`clean_prefix_python` is the test Python without what was installed into its venv's prefix.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,45 @@ import pytest
 from servers import FAKE_GPUS, LiveServer, live_servers, stop_job_processes
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+
+# Set in a kernel, terminal or job of a running server (e.g. the user's Lab): they would point
+# the tests' clients and jobs at that server or its fake GPUs.
+_SERVER_ENV = ("GPUJOBS_URL", "GPUJOBS_TOKEN", "GPUJOBS_FAKE_GPUS", "GPUJOBS_FAKE_FLEET", "GPUJOBS_JOB_ID",
+               "GPUJOBS_CELL_DIR", "GPUJOBS_TIME_LIMIT", "GPUJOBS_ENDS_AT", "GPUJOBS_GPU_UUIDS",
+               "GPUJOBS_WARN_AT", "GPUJOBS_USER", "GPUJOBS_ARRAY_INDEX", "GPUJOBS_ARRAY_JOB_ID",
+               "JPY_SESSION_NAME", "JUPYTER_SERVER_ROOT", "JUPYTER_SERVER_URL")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolate_jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Jupyter's per-user dirs (config, data with its kernelspecs, runtime with the running
+    servers) and IPython's dir are the session's own, and they come before the venv's prefix
+    (JUPYTER_PREFER_ENV_PATH=0), so a kernelspec or config the user installed with `--user` or
+    `--sys-prefix` does not change what the tests see. Every process a test starts inherits it."""
+    home = tmp_path_factory.mktemp("jupyter-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_CONFIG_DIR", str(home / "config"))
+        mp.setenv("JUPYTER_DATA_DIR", str(home / "data"))
+        mp.setenv("JUPYTER_RUNTIME_DIR", str(home / "runtime"))
+        mp.setenv("IPYTHONDIR", str(home / "ipython"))
+        mp.setenv("JUPYTER_PREFER_ENV_PATH", "0")
+        for name in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTER_PLATFORM_DIRS", *_SERVER_ENV):
+            mp.delenv(name, raising=False)
+        yield home
+
+
+@pytest.fixture(scope="session")
+def clean_prefix_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Python with the test Python's packages but a prefix of its own: Jupyter finds no
+    kernelspec, extension or config installed into the venv (`--sys-prefix`) through it."""
+    venv = tmp_path_factory.mktemp("clean-prefix")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site_packages = sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)})
+    # addsitedir also runs the venv's .pth files (an editable install of the package)
+    with open(Path(site_packages) / "_test_python.pth", "w") as f:
+        f.write(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
+    return str(venv / "bin" / "python")
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ from jupyter_gpujobs.jupyter.kernelspec import build_spec
 from jupyter_gpujobs.model import InvalidInput
 
 
-def gpujobs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jupyter_gpujobs.cli", "kernelspec", *args],
+def gpujobs(env: dict[str, str], *args: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "jupyter_gpujobs.cli", "kernelspec", *args],
                           capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -100,8 +100,8 @@ def test_cannot_wrap_a_gpu_kernelspec(env: dict[str, str]) -> None:
     assert done.returncode == 2 and "already a GPU kernelspec" in done.stderr
 
 
-def test_list_without_gpu_kernelspecs(env: dict[str, str]) -> None:
-    done = gpujobs(env, "list")
+def test_list_without_gpu_kernelspecs(env: dict[str, str], clean_prefix_python: str) -> None:
+    done = gpujobs(env, "list", python=clean_prefix_python)
     assert done.returncode == 0 and "no GPU kernelspecs" in done.stdout
 
 
