@@ -114,3 +114,27 @@ def test_build_spec() -> None:
     with pytest.raises(InvalidInput) as err:
         build_spec(wrapped, gpus=1, time_limit="4h", gpu_type=" ")
     assert err.value.field == "gpu_type"
+
+
+def test_list_shows_the_values_in_force(env: dict[str, str], tmp_path: Path) -> None:
+    """What the kernelspec leaves out comes from the server's config, else the provisioner's
+    defaults (max wait 1h): `list` shows those, not "-"."""
+    assert gpujobs(env, "install", "--name", "g", "--time", "2h", "--user").returncode == 0
+
+    def row() -> list[str]:
+        done = gpujobs(env, "list")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        headers = lines[0].split("  ")
+        assert [h.strip() for h in headers if h.strip()][2:6] == ["GPUS", "TIME", "IDLE", "MAX WAIT"]
+        start = lines[0].index("GPUS")
+        return next(line for line in lines if line.startswith("g ")).__getitem__(slice(start, None)).split()[:5]
+
+    assert row()[:5] == ["1", "2h", "never", "1h", str(tmp_path / "data" / "kernels" / "g")]
+    (tmp_path / "cfg").mkdir(exist_ok=True)
+    (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
+        json.dumps({"GPUKernelProvisioner": {"max_wait": "20m", "idle_timeout": "45m"}}))
+    assert row()[:4] == ["1", "2h", "45m", "20m"]
+    (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
+        json.dumps({"GPUKernelProvisioner": {"max_wait": "banana"}}))
+    assert "max_wait: cannot read duration 'banana'" in gpujobs(env, "list").stdout

@@ -121,18 +121,55 @@ def gpu_kernelspecs() -> dict[str, dict[str, Any]]:
     return out
 
 
+def server_config() -> Any:
+    """The Jupyter server's config files (jupyter_config, jupyter_server_config), as the server
+    reads them: where `c.GPUKernelProvisioner.*` defaults for every GPU kernel are set."""
+    from jupyter_core.application import JupyterApp
+
+    class _ServerConfig(JupyterApp):  # type: ignore[misc]
+        name = "jupyter-server"
+
+        @property
+        def config_file_name(self) -> str:  # type: ignore[override]
+            return "jupyter_server_config"
+
+    app = _ServerConfig()
+    app.load_config_file()
+    return app.config
+
+
+def settings_in_force(spec: dict[str, Any], config: Any = None) -> dict[str, Any]:
+    """The request a kernel of `spec` makes: its kernelspec's values, else the server's
+    `c.GPUKernelProvisioner` config, else the provisioner's defaults (e.g. max_wait 1h).
+    Raises GPUKernelStartError naming a bad value."""
+    from .provisioner import GPUKernelProvisioner
+
+    cfg = (spec.get("metadata") or {}).get("kernel_provisioner", {}).get("config") or {}
+    return GPUKernelProvisioner(config=config, **cfg)._settings()
+
+
 def list_specs(args: argparse.Namespace) -> int:
     specs = gpu_kernelspecs()
     if not specs:
         print("no GPU kernelspecs; add one with: jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 "
               "--time 4h --user")
         return 0
+    from .provisioner import GPUKernelStartError
+
+    config = server_config()
     rows = []
     for name, info in specs.items():
-        cfg = info["spec"]["metadata"]["kernel_provisioner"].get("config") or {}
-        gpus = str(cfg.get("gpus", 1)) + (f"x{cfg['gpu_type']}" if cfg.get("gpu_type") else "")
-        rows.append([name, info["spec"].get("display_name", ""), gpus, str(cfg.get("time_limit", "-")),
-                     str(cfg.get("idle_timeout", "-")), str(cfg.get("max_wait", "-")), info["resource_dir"]])
+        try:
+            s = settings_in_force(info["spec"], config)
+        except GPUKernelStartError as err:
+            rows.append([name, info["spec"].get("display_name", ""), f"error: {err}", "", "", "",
+                         info["resource_dir"]])
+            continue
+        gpus = str(s["gpus"]) + (f"x{s['gpu_type']}" if s["gpu_type"] else "")
+        rows.append([name, info["spec"].get("display_name", ""), gpus,
+                     format_duration(s["time_limit"]) if s["time_limit"] else "server default",
+                     format_duration(s["idle_timeout"]) if s["idle_timeout"] else "never",
+                     format_duration(s["max_wait"]) if s["max_wait"] else "no limit", info["resource_dir"]])
     headers = ["NAME", "DISPLAY NAME", "GPUS", "TIME", "IDLE", "MAX WAIT", "PATH"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in [headers, *rows]:
