@@ -147,7 +147,10 @@ class _Calls:
 
     def submit_notebook(self, notebook: str, *, parameters: dict[str, Any] | None = None,
                         kernel: str | None = None, output: str | None = None, gpus: int = 1, **options: Any) -> Any:
-        """Queue a notebook for execution on allocated GPUs (nbclient, papermill-style parameters)."""
+        """Queue a notebook for execution on allocated GPUs (nbclient, papermill-style parameters).
+        The job is named after the notebook (`train` for `exp/train.ipynb`) unless `name` is given."""
+        if not options.get("name"):
+            options["name"] = os.path.splitext(os.path.basename(notebook))[0]
         payload = _drop_none({"notebook": notebook, "parameters": parameters or {}, "kernel": kernel,
                               "output": output})
         return self.submit(None, kind="notebook", payload=payload, gpus=gpus, **options)

@@ -9,9 +9,11 @@ This module owns both sides of it:
 - the job side, `python -m jupyter_gpujobs.notebook.notebooks run NB --output OUT [--parameters JSON]
   [--kernel K]`: injects the parameters as a cell tagged `injected-parameters` after the cell
   tagged `parameters` (or at the top), executes every cell in a kernel that inherits the job's
-  `CUDA_VISIBLE_DEVICES`, prints `executing cell 3/12` lines and the cells' output to the job log,
-  and writes the executed notebook after every cell, at the end, and on failure (the failing cell
-  keeps its error output; a note at the top names it; the exit status is 1).
+  `CUDA_VISIBLE_DEVICES` (and `JPY_SESSION_NAME`, the notebook's path, as a kernel started by
+  Jupyter has it), prints `executing cell 3/12` lines and the cells' output to the job log, and
+  writes the executed notebook after every cell, at the end, and on failure (the failing cell
+  keeps its error output; a note at the top and the log name the cell and its failing line; the
+  exit status is 1). Stopped by SIGTERM (cancel, time limit), it writes what it has; exit 143.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -193,8 +197,18 @@ class _Stopped(BaseException):
     """SIGTERM (cancel, time limit, preemption) while the notebook runs."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise _Stopped(f"stopped by signal {signum}")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def failing_line(traceback_text: str, source: str) -> tuple[int, str] | None:
+    """(line number, text) of the failing cell's line in an IPython traceback: the first
+    `Cell In[N], line L` frame is the cell's own (deeper ones may be other cells' functions)."""
+    found = re.search(r"Cell In\[\d+\], line (\d+)", _ANSI.sub("", traceback_text))
+    if not found:
+        return None
+    n = int(found.group(1))
+    lines = source.splitlines()
+    return (n, lines[n - 1].strip()) if 0 < n <= len(lines) else None
 
 
 def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] | None = None,
@@ -224,6 +238,12 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
         nbformat.write(nb, str(tmp))
         os.replace(tmp, output)
 
+    stop: dict[str, int] = {}
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        stop["signal"] = signum
+        raise _Stopped(f"stopped by signal {signum}")
+
     def on_cell_execute(cell: Any, cell_index: int) -> None:
         current["index"] = cell_index
         print(f"executing cell {number.get(cell_index, '?')}/{len(runnable)}", flush=True)
@@ -245,31 +265,40 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
                      on_cell_execute=on_cell_execute, on_cell_executed=on_cell_executed)
     print(f"running {input_path} with kernel {kernel_name} on GPUs "
           f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(none)')}; output: {output}", flush=True)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     status = 0
     try:
-        client.execute()
+        # as Jupyter does for its kernels: the kernel knows its notebook (`%%gpujob` names its jobs after it)
+        client.execute(env={**os.environ, "JPY_SESSION_NAME": str(input_path)})
         meta["status"] = "completed"
         print(f"done: {len(runnable)} cells executed; output notebook: {output}", flush=True)
     except CellExecutionError as err:
         index = current.get("index")
         which = f"cell {number.get(index, '?')}/{len(runnable)}" if index is not None else "a cell"
-        _error_note(nb, f"**This notebook failed at {which}** (the cell with the error below): "
-                        f"`{err.ename}: {err.evalue}`")
+        error = f"{err.ename}: {err.evalue}" if err.evalue else err.ename
+        at = failing_line(err.traceback, nb.cells[index].source) if index is not None else None
+        where = f" at line {at[0]}: `{at[1]}`" if at else ""
+        _error_note(nb, f"**This notebook failed at {which}** (the cell with the error below){where}: `{error}`")
         meta.update(status="failed", failed_cell=None if index is None else index + 1,  # after the note
-                    error=f"{err.ename}: {err.evalue}")
-        print(f"\n{which} failed: {err.ename}: {err.evalue}", file=sys.stderr, flush=True)
+                    error=error, failed_line=at[0] if at else None)
+        print(f"\n{which} failed: {error}" + (f" at line {at[0]}: {at[1]}" if at else ""), file=sys.stderr,
+              flush=True)
         print(str(err), file=sys.stderr, flush=True)
         status = 1
-    except _Stopped as err:
-        meta.update(status="stopped", error=str(err))
-        print(f"notebook {err}; partial output written to {output}", file=sys.stderr, flush=True)
-        status = 143
-    except Exception as err:  # the kernel died or did not start
-        meta.update(status="failed", error=f"{type(err).__name__}: {err}")
-        _error_note(nb, f"**This notebook could not be executed**: `{type(err).__name__}: {err}`")
-        print(f"notebook failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        status = 1
+    except BaseException as err:
+        if not stop and not isinstance(err, Exception):
+            raise
+        if stop:  # SIGTERM, whatever it interrupted inside nbclient
+            meta.update(status="stopped", error=f"stopped by signal {stop['signal']}")
+            print(f"notebook stopped by signal {stop['signal']}; partial output written to {output}",
+                  file=sys.stderr, flush=True)
+            status = 143
+        else:  # the kernel died or did not start
+            meta.update(status="failed", error=f"{type(err).__name__}: {err}")
+            _error_note(nb, f"**This notebook could not be executed**: `{type(err).__name__}: {err}`")
+            print(f"notebook failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            traceback.print_exc()
+            status = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         meta["ended_at"] = time.time()
