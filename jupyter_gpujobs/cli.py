@@ -329,8 +329,14 @@ def run(argv: Sequence[str]) -> int:
                     break
                 offset = chunk["offset"]
     elif args.cmd == "gpus":
-        gpus = client.gpus()
-        print(json.dumps(gpus, indent=2) if args.json else (format_gpus(gpus) if gpus else "no GPUs on this server"))
+        report = client.gpu_report()
+        gpus = report["gpus"]
+        if args.json:
+            print(json.dumps(gpus, indent=2))
+        else:
+            print(format_gpus(gpus) if gpus else "no GPUs on this server")
+            if report.get("isolation"):
+                print(report["isolation"])
     elif args.cmd == "quota":
         return _quota(client, args)
     elif args.cmd in ("usage", "findings"):

@@ -132,6 +132,10 @@ class _Calls:
         """The GPU inventory: index, uuid, name, memory, utilization, job_id and user holding it."""
         return self._call("GET", "gpus", pick=lambda d: d["gpus"])
 
+    def gpu_report(self) -> Any:
+        """`{"gpus": [...], "backend", "isolation"}`: the inventory and what confines jobs here."""
+        return self._call("GET", "gpus")
+
     def whoami(self) -> Any:
         return self._call("GET", "whoami")
 

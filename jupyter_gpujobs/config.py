@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, Union, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
 
 from .model import (
@@ -160,6 +160,15 @@ class GPUJobs(Configurable):
                             help="Who owns a job: 'unix' (the user running the server; right for a personal "
                                  "server), 'jupyter' (the authenticated Jupyter user, e.g. under JupyterHub), "
                                  "or 'auto' (jupyter when the server has named users, else unix).")
+    run_as_owner = Enum(["auto", "always", "never"], default_value="auto", config=True,
+                        help="Run each job as the Unix user who owns it (its uid, groups, HOME, umask 077; "
+                             "its supervisor stays the engine's): 'auto' when the engine runs as root and "
+                             "the owner is a Unix user here; 'always' (refuse jobs of owners who are not "
+                             "Unix users here); 'never' (every job runs as the engine's user).")
+    cgroups = Enum(["auto", "off"], default_value="auto", config=True,
+                   help="Confine each job in its own cgroup (its whole process tree, a device fence "
+                        "on its GPUs, --mem/--cpus limits): 'auto' where the host lets the engine write "
+                        "cgroups (root); 'off' keeps to subreaper supervision and CUDA_VISIBLE_DEVICES.")
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")

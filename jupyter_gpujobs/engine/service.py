@@ -35,6 +35,8 @@ from ..model import (
 )
 from .gpus import GPUBackend
 from .runners import Exit, LaunchRequest, LocalRunner
+from .runners.cgroups import FENCE_OFF
+from .runners.users import NotAUnixUser, can_enter, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .store import GPUAlreadyAllocated, NewJobs, Store
@@ -96,6 +98,7 @@ class JobService:
         estimate_interval: float = 10.0,
         job_retention_s: int = 0,
         cleanup_interval: float = 300.0,
+        run_as_owner: str = "auto",
         clock: Callable[[], float] = time.time,
     ):
         self.store = store
@@ -114,6 +117,7 @@ class JobService:
         self.estimate_interval = estimate_interval
         self.job_retention_s = job_retention_s  # 0: the files of ended jobs are kept forever
         self.cleanup_interval = cleanup_interval
+        self.run_as_owner = run_as_owner  # users.run_as: run each job as its owner's Unix user
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
@@ -149,6 +153,8 @@ class JobService:
         self.cycle_seconds: list[float] = []  # recent cycle times, for metrics
         self.schedule_seconds = 0.0  # time of the last schedule() call alone
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        # jobs' logs are private, and no job may plant a file (a link) where the next log goes
+        os.chmod(self.state_dir / "logs", 0o700)
 
     # ================================================================= life cycle
 
@@ -372,6 +378,12 @@ class JobService:
     def inventory(self) -> list[GPU]:
         return self.refresh_inventory()
 
+    @property
+    def isolation(self) -> str:
+        """What confines the jobs here, in one line ("GPU fence: device cgroup; ...")."""
+        iso = getattr(self.runner, "isolation", None)
+        return iso.describe() if iso is not None else FENCE_OFF
+
     def gpu_views(self) -> list[dict[str, Any]]:
         holders: dict[tuple[str, int], Job] = {}
         for job in self._running.values():
@@ -496,6 +508,12 @@ class JobService:
             fields["cwd"] = str(self.root_dir)
         elif not Path(fields["cwd"]).is_absolute():
             fields["cwd"] = str(self.root_dir / fields["cwd"])
+        try:
+            unix_user = run_as(user, self.run_as_owner)
+        except NotAUnixUser as err:
+            raise InvalidInput("user", str(err)) from None
+        if unix_user is not None and not can_enter(fields["cwd"], unix_user):
+            raise InvalidInput("cwd", f"cwd {fields['cwd']} is not accessible to {unix_user}")
         if not os.path.isdir(fields["cwd"]):
             raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
         if fields["kind"] == "notebook":
@@ -840,6 +858,12 @@ class JobService:
             if job.array_index is not None:
                 env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
                 env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
+            nodes = self.gpus.device_nodes()
+            given = {g.index for g in gpus}
+            try:
+                owner = run_as(job.user, self.run_as_owner)
+            except NotAUnixUser:
+                owner = job.user  # the runner fails the job with the reason
             request = LaunchRequest(
                 job_id=job.id,
                 command=list(job.command),
@@ -851,6 +875,8 @@ class JobService:
                 grace_s=self.kill_grace_s,
                 log_path=str(log_path),
                 fake=self.gpus.name == "fake",
+                run_as=owner,
+                deny_devices=[path for index, path in sorted(nodes.items()) if index not in given],
             )
             try:
                 handle = self.runner.start(request)

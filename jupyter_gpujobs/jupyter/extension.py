@@ -41,8 +41,10 @@ class GPUJobsApp(ExtensionApp):
         store.migrate()
         # fake GPUs of this server (named after its state dir, so the same across restarts)
         fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet)
-        runner = LocalRunner(data_dir / "run")
+        # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
+        device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
+        backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet, device_dir=device_dir)
+        runner = LocalRunner(data_dir / "run", cgroups_mode=cfg.cgroups)
 
         unix_user = getpass.getuser()
         identity = cfg.user_identity
@@ -74,6 +76,7 @@ class GPUJobsApp(ExtensionApp):
             estimate_interval=cfg.estimate_interval,
             job_retention_s=retention_seconds(cfg.job_retention),
             cleanup_interval=cfg.job_cleanup_interval,
+            run_as_owner=cfg.run_as_owner,
         )
         from ..engine.monitor import Monitor, MonitorSettings
 
@@ -90,6 +93,7 @@ class GPUJobsApp(ExtensionApp):
         summary = ", ".join(sorted({g.name for g in gpus})) or "none"
         self.log.info("gpujobs: %d GPU(s) via %s (%s); store %s; owner identity: %s",
                       len(gpus), backend.name, summary, store.url.split("?")[0], identity)
+        self.log.info("gpujobs: isolation: %s", runner.isolation.describe())
 
     def initialize_handlers(self) -> None:
         from ..engine.api.monitor import MONITOR_HANDLERS

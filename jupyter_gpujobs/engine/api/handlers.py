@@ -136,7 +136,8 @@ class GPUsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply({"gpus": self.service.gpu_views(), "backend": self.service.gpus.name})
+        self.reply({"gpus": self.service.gpu_views(), "backend": self.service.gpus.name,
+                    "isolation": self.service.isolation})
 
 
 class JobsHandler(GPUJobsHandler):

@@ -18,15 +18,17 @@ from .fake import FakeBackend, fake_uuid
 FAKE_ENV = "GPUJOBS_FAKE_GPUS"
 
 
-def make_backend(fake_spec: str | None, log: logging.Logger, fleet: str | None = None) -> GPUBackend:
+def make_backend(fake_spec: str | None, log: logging.Logger, fleet: str | None = None,
+                 device_dir: str | None = None) -> GPUBackend:
     """The GPU backend for this machine (see the module docstring for the order).
 
     `fleet` names a server's fake GPUs so that it sees only its own jobs on them (fake.py).
+    `device_dir`: where fake GPUs get their device nodes (fake.py), for the GPU fence.
     A bad fake spec raises `model.InvalidInput` (field "fake_gpus").
     """
     spec = fake_spec or os.environ.get(FAKE_ENV) or None
     if spec and spec.strip():
-        return FakeBackend(parse_fake_gpus(spec), fleet=fleet)
+        return FakeBackend(parse_fake_gpus(spec), fleet=fleet, device_dir=device_dir)
     try:
         from .nvml import NVMLBackend
 

@@ -63,6 +63,11 @@ class GPUBackend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend holds (NVML handle); safe to call twice."""
 
+    def device_nodes(self) -> dict[int, str]:
+        """GPU index -> its character device (/dev/nvidiaN): what a job's device cgroup allows
+        or denies. Empty where there are none."""
+        return {}
+
 
 class NoGPUBackend(GPUBackend):
     """A machine with no usable GPU: 0 GPUs, and the reason why kept in `reason`."""

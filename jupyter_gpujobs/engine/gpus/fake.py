@@ -29,6 +29,12 @@ What a fake GPU reports:
   `DEFAULT_PROCESS_MEM_MB` for one that does not say; capped at the card's memory.
 - temperature and power: plausible functions of utilization.
 
+Device nodes: given a `device_dir` (the engine gives its state dir's `dev/`), the backend
+makes a real character device per fake GPU there, `nvidia<index>` with the NVIDIA major (195)
+and no driver behind it (needs root; without, there are none). A job's device cgroup allows
+or denies them like real ones: an allowed node opens with ENXIO ("no such device or
+address"), a denied one with EPERM, which tests the GPU fence without a GPU.
+
 Cost: the environment of a process is read once per (pid, start time) and cached; a reading
 lists /proc and reads /proc/PID/stat only of new pids and of the processes that use a fake
 GPU, so one sample over 8 GPUs costs well under a millisecond on a quiet machine.
@@ -57,6 +63,7 @@ _SCAN_TTL_S = 0.25  # readings closer together than this share one scan
 _RECHECK_S = 30.0  # re-verify the start time of cached non-GPU pids this often (pid reuse)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _LINUX = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+NVIDIA_MAJOR = 195  # the character device major of /dev/nvidiaN
 
 
 def fake_uuid(index: int, model: str) -> str:
@@ -148,7 +155,8 @@ class FakeBackend(GPUBackend):
     name = "fake"
 
     def __init__(self, specs: list[FakeGPUSpec], host: str = LOCAL_HOST,
-                 clock: Callable[[], float] = time.time, fleet: str | None = None):
+                 clock: Callable[[], float] = time.time, fleet: str | None = None,
+                 device_dir: str | None = None):
         self.host = host
         self.clock = clock
         self.fleet = fleet  # None: count every marked process on the machine
@@ -160,6 +168,33 @@ class FakeBackend(GPUBackend):
         self._uuid_index = {uuid: index for index, uuid, _, _ in self._gpus}
         self._procs: dict[int, _ProcInfo] = {}
         self._scan: _Scan | None = None
+        self._nodes = self._make_nodes(device_dir) if device_dir else {}
+
+    def _make_nodes(self, device_dir: str) -> dict[int, str]:
+        """Character devices (major 195, minor = index) for the fake GPUs; none without root."""
+        import stat
+
+        nodes = {}
+        try:
+            os.makedirs(device_dir, mode=0o755, exist_ok=True)
+            for index, *_ in self._gpus:
+                path = os.path.join(device_dir, f"nvidia{index}")
+                want = os.makedev(NVIDIA_MAJOR, index)
+                try:
+                    st = os.lstat(path)
+                    if not (stat.S_ISCHR(st.st_mode) and st.st_rdev == want):
+                        os.unlink(path)
+                        raise FileNotFoundError(path)
+                except FileNotFoundError:
+                    os.mknod(path, 0o666 | stat.S_IFCHR, want)
+                    os.chmod(path, 0o666)  # as /dev/nvidiaN: open to all, fenced by the cgroup
+                nodes[index] = path
+        except OSError:
+            return {}
+        return nodes
+
+    def device_nodes(self) -> dict[int, str]:
+        return dict(self._nodes)
 
     # ---------------------------------------------------------------- the interface
 

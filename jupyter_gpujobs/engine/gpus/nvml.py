@@ -95,6 +95,15 @@ class NVMLBackend(GPUBackend):
         rates = self._call(index, "utilization", self.nvml.nvmlDeviceGetUtilizationRates, self._handles[index])
         return float(rates.gpu) if rates is not None else None
 
+    def device_nodes(self) -> dict[int, str]:
+        """/dev/nvidia<minor> of each GPU (the minor number need not equal the index)."""
+        out = {}
+        for index, _, _ in self._static:
+            minor = self._call(index, "minor number", self.nvml.nvmlDeviceGetMinorNumber, self._handles[index])
+            if minor is not None:
+                out[index] = f"/dev/nvidia{int(minor)}"
+        return out
+
     def _poll_xids(self) -> None:
         if self._events is None:
             return

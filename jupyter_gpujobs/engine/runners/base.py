@@ -31,6 +31,12 @@ class LaunchRequest:
     grace_s: float = 10
     log_path: str = ""
     fake: bool = False
+    #: the Unix user the job runs as (its owner); None or the engine's own user: as the engine
+    run_as: str | None = None
+    #: device nodes of the GPUs not given to this job, denied by its device cgroup where there is one
+    deny_devices: list[str] = field(default_factory=list)
+    mem_bytes: int | None = None  # host memory limit (cgroup)
+    cpus: float | None = None  # CPU limit in cores (cgroup)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from . import cgroups
 from .base import LOST_REASON, Exit, LaunchRequest, Runner, StopOutcome
 from .shim import read_json, write_json_atomic
 
@@ -35,10 +36,13 @@ _PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
 class LocalRunner(Runner):
     """Runs jobs on this machine under one supervisor (shim) process each."""
 
-    def __init__(self, state_dir: Path, python: str = sys.executable, liveness_interval: float = 0.5):
+    def __init__(self, state_dir: Path, python: str = sys.executable, liveness_interval: float = 0.5,
+                 cgroups_mode: str = "auto"):
         self.state_dir = Path(state_dir)
         self.python = python
         self.liveness_interval = liveness_interval
+        #: what confines a job here (cgroups.py); `cgroups_mode="off"` keeps to subreaper supervision
+        self.isolation = cgroups.detect(cgroups_mode)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             os.chmod(self.state_dir, 0o700)
@@ -58,12 +62,16 @@ class LocalRunner(Runner):
         job_dir = self.state_dir / f"job-{req.job_id}-{time.time_ns() // 1000:x}{self._seq}"
         job_dir.mkdir(mode=0o700)
         pythonpath = os.environ.get("PYTHONPATH")
+        iso = self.isolation
+        cg = iso.paths(job_dir.name) if iso.enabled else {}
         write_json_atomic(str(job_dir / "spec.json"), {
             "job_id": req.job_id, "command": list(req.command), "cwd": req.cwd, "env": dict(req.env),
             "gpu_indices": list(req.gpu_indices), "gpu_uuids": list(req.gpu_uuids),
             "time_limit_s": req.time_limit_s, "grace_s": req.grace_s,
             "log_path": req.log_path or str(job_dir / "output.log"), "fake": bool(req.fake),
-            "pythonpath": pythonpath,
+            "pythonpath": pythonpath, "run_as": req.run_as, "cgroups": cg,
+            "deny_devices": list(req.deny_devices) if iso.fence else [],
+            "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
         })
         proc = self._take_standby(pythonpath)
         if proc is not None:
@@ -83,8 +91,11 @@ class LocalRunner(Runner):
         except psutil.Error:
             create_time = None
         self._children[str(job_dir)] = proc
-        return {"runner": "local", "job_dir": str(job_dir), "pid": proc.pid,
-                "create_time": create_time, "started_at": time.time()}
+        handle = {"runner": "local", "job_dir": str(job_dir), "pid": proc.pid,
+                  "create_time": create_time, "started_at": time.time()}
+        if cg:
+            handle["cgroups"] = cg  # a restarted engine finds the job's processes by these
+        return handle
 
     # ------------------------------------------------------------------ standby supervisor
 
@@ -149,7 +160,7 @@ class LocalRunner(Runner):
             except OSError:
                 pass
         else:
-            self._kill_orphans(job_dir)
+            self._kill_orphans(job_dir, handle)
 
     # ------------------------------------------------------------------ watch
 
@@ -179,8 +190,10 @@ class LocalRunner(Runner):
                 continue
             exit_ = self._read_result(job_id, result_path)  # it may have finished just now
             if exit_ is None:
-                self._kill_orphans(job_dir)
+                if self._kill_orphans(job_dir, handle):
+                    continue  # its GPUs stay held until the last process of the job is gone
                 exit_ = Exit(job_id, "lost", None, None, LOST_REASON, time.time())
+            cgroups.remove(handle.get("cgroups") or {})
             self._forget(job_dir)
             out.append(exit_)
         return out
@@ -221,12 +234,17 @@ class LocalRunner(Runner):
         self._exiting = [p for p in self._exiting if p.poll() is None]
         self._checked.pop(job_dir, None)
 
-    def _kill_orphans(self, job_dir: str) -> None:
-        """The shim is gone but its job may not be: kill the job's process group and tree, so
-        the GPU given back is really free."""
+    def _kill_orphans(self, job_dir: str, handle: dict[str, Any]) -> bool:
+        """The shim is gone but its job may not be: kill the job's cgroup, or else its process
+        group and tree, so the GPU given back is really free. True while a process of the job's
+        cgroup is still alive (it is being killed: ask again)."""
+        cg = handle.get("cgroups") or {}
+        if cg and cgroups.populated(cg):
+            cgroups.kill(cg)
+            return cgroups.populated(cg)
         state = read_json(os.path.join(job_dir, "state.json"))
         if not state or not state.get("pid"):
-            return
+            return False
         pid = int(state["pid"])
         try:
             p = psutil.Process(pid)
@@ -245,3 +263,4 @@ class LocalRunner(Runner):
                 proc.kill()
             except psutil.Error:
                 pass
+        return False

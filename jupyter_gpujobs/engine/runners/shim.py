@@ -22,13 +22,17 @@ psutil is imported only when a process tree has to be stopped.
 
 from __future__ import annotations
 
+import errno as errno_
 import json
 import os
 import select
 import signal
+import stat as stat_
 import sys
 import time
 from typing import Any
+
+from . import cgroups
 
 #: Log lines that mean the job ran out of GPU memory (searched in the log tail on a failure).
 OOM_PATTERNS = (
@@ -131,32 +135,59 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
     return env
 
 
-def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int) -> int:
+class SpawnError(OSError):
+    """The child could not become the job: `stage` says where ("cgroup", "user", "cwd", "exec")."""
+
+    def __init__(self, stage: str, err: int):
+        super().__init__(err, os.strerror(err))
+        self.stage = stage
+
+
+def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
+          cgroup_procs: list[str] = (), user: tuple[str, int, int] | None = None) -> int:  # type: ignore[assignment]
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
-    stderr into `log_fd`; the child's exec error is raised here (FileNotFoundError, ...).
+    stderr into `log_fd`. Before exec the child enters the run's cgroups (`cgroup_procs`: the
+    `cgroup.procs` files to write its pid to), drops to `user` (name, uid, gid: setgid,
+    initgroups, setuid, umask 077) and then enters `cwd` with that user's rights. A failure in
+    the child is raised here as SpawnError with its stage and errno.
 
     Done by hand rather than with `subprocess`, whose import alone costs the dispatch path
     several milliseconds."""
-    err_r, err_w = os.pipe()  # close-on-exec: EOF on success, the errno on failure
+    err_r, err_w = os.pipe()  # close-on-exec: EOF on success, "stage:errno" on failure
     devnull = os.open(os.devnull, os.O_RDONLY)
     pid = os.fork()
     if pid == 0:  # the child: only async-signal-safe-ish calls until exec
+        stage = "exec"
         try:
             os.setpgid(0, 0)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT,
                         signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
+            stage = "cgroup"
+            me = str(os.getpid())
+            for path in cgroup_procs:
+                with open(path, "w") as f:
+                    f.write(me)
+            if user is not None:
+                stage = "user"
+                name, uid, gid = user
+                os.setgid(gid)
+                os.initgroups(name, gid)
+                os.setuid(uid)
+                os.umask(0o077)
+            stage = "cwd"
             if cwd:
                 os.chdir(cwd)
+            stage = "exec"
             os.dup2(devnull, 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
             os.execvpe(command[0], command, env)
         except OSError as err:
-            os.write(err_w, str(err.errno or 0).encode())
+            os.write(err_w, f"{stage}:{err.errno or 0}".encode())
         except BaseException:
-            os.write(err_w, b"0")
+            os.write(err_w, f"{stage}:0".encode())
         os._exit(127)
     os.close(err_w)
     os.close(devnull)
@@ -181,9 +212,50 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int)
                 continue
             except ChildProcessError:
                 break
-        errno = int(data)
-        raise OSError(errno, os.strerror(errno))  # ENOENT -> FileNotFoundError, EACCES -> PermissionError
+        stage, _, errno = data.decode().partition(":")
+        raise SpawnError(stage, int(errno or 0))
     return pid
+
+
+def open_log(path: str, owner: tuple[int, int] | None = None) -> int:
+    """Open the job's log for appending without following a symbolic link: one planted at
+    the log's name (by an earlier job that could write the folder) is removed and a new
+    file made in its place, so output never goes anywhere but the log. The log is private
+    (0600) and, for a job run as another user, theirs."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as err:
+        if err.errno != errno_.ELOOP:
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat_.S_ISREG(st.st_mode):
+            raise OSError(errno_.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        if owner is not None and (st.st_uid, st.st_gid) != owner:
+            os.fchown(fd, *owner)
+        if stat_.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def resolve_user(name: str | None) -> tuple[str, int, int, str, str] | None:
+    """(name, uid, gid, home, shell) of the Unix user `name`; None when the job runs as the
+    supervisor's own user. KeyError when there is no such user."""
+    if not name:
+        return None
+    import pwd
+
+    entry = pwd.getpwnam(name)
+    if entry.pw_uid == os.getuid():
+        return None
+    return entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell
 
 
 class Shim:
@@ -201,6 +273,7 @@ class Shim:
         self.child_pid: int | None = None
         self.child_status: int | None = None
         self.known: dict[int, float] = {}  # descendants seen: pid -> create time (no subreaper)
+        self.cg: dict[str, str] = {}  # the run's cgroups (cgroups.py), empty without
 
     # ------------------------------------------------------------------ signals
 
@@ -281,7 +354,12 @@ class Shim:
             pass
 
     def signal_tree(self, sig: int) -> int:
-        """Send `sig` to the job's process group and every descendant; how many got it."""
+        """Send `sig` to the job's process group and every descendant (and every process in
+        its cgroup, which none can leave); how many got it."""
+        if sig == signal.SIGKILL and self.cg:
+            alive = cgroups.populated(self.cg)
+            cgroups.kill(self.cg)
+            return int(alive)
         import psutil
 
         sent = 0
@@ -303,7 +381,21 @@ class Shim:
                 sent += 1
             except (psutil.Error, OSError):
                 pass
+        for pid in cgroups.pids(self.cg) if self.cg else ():
+            try:
+                if group is not None and os.getpgid(pid) == group:
+                    continue
+                os.kill(pid, sig)
+                sent += 1
+            except OSError:
+                pass
         return sent
+
+    def leftovers(self) -> bool:
+        """Is a process of the job still alive after its main process ended?"""
+        if self.cg:
+            return cgroups.populated(self.cg)
+        return bool(self.known and self.tree())
 
     # ------------------------------------------------------------------ the run
 
@@ -315,6 +407,27 @@ class Shim:
                 pass
         self.write_result(spec, "failed", None, None, reason)
         return 0
+
+    @staticmethod
+    def spawn_failure(err: SpawnError, command: list[str], cwd: str | None,
+                      user: tuple[str, int, int, str, str] | None) -> str:
+        """The reason a person reads when the job could not start."""
+        who = user[0] if user else None
+        if err.stage == "cwd":
+            if err.errno == errno_.ENOENT:
+                return f"working directory not found: {cwd}"
+            if err.errno in (errno_.EACCES, errno_.EPERM) and who:
+                return f"cwd {cwd} is not accessible to {who}"
+            return f"cannot enter the working directory {cwd}: {err.strerror}"
+        if err.stage == "cgroup":
+            return f"could not put the job in its cgroup: {err.strerror}"
+        if err.stage == "user":
+            return f"could not switch to the user {who}: {err.strerror}"
+        if err.errno == errno_.ENOENT:
+            return f"command not found: {command[0]}"
+        if err.errno == errno_.EACCES:
+            return f"permission denied: {command[0]}" + (f" (for {who})" if who else "")
+        return f"could not start {command[0]}: {err.strerror or err}"
 
     def write_result(self, spec: dict[str, Any], outcome: str, exit_code: int | None,
                      sig: int | None, reason: str, started_at: float | None = None) -> None:
@@ -338,8 +451,13 @@ class Shim:
         log_path = spec.get("log_path") or os.path.join(self.job_dir, "output.log")
         log_fd: int | None = None
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            user = resolve_user(spec.get("run_as"))
+        except KeyError:
+            return self.fail_to_start(spec, f"the job's owner {spec.get('run_as')!r} is not a Unix user on this "
+                                            "machine", None)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), mode=0o700, exist_ok=True)
+            log_fd = open_log(log_path, (user[1], user[2]) if user else None)
         except OSError as err:
             return self.fail_to_start(spec, f"cannot open the log file {log_path}: {err.strerror}", None)
         log_start = os.lseek(log_fd, 0, os.SEEK_END)
@@ -348,19 +466,27 @@ class Shim:
         cwd = spec.get("cwd") or None
         if not command:
             return self.fail_to_start(spec, "no command to run", log_fd)
-        if cwd and not os.path.isdir(cwd):
+        if cwd and user is None and not os.path.isdir(cwd):
             return self.fail_to_start(spec, f"working directory not found: {cwd}", log_fd)
 
         env = job_environment(spec, dict(os.environ))
+        if user is not None:
+            env.update({"HOME": user[3], "USER": user[0], "LOGNAME": user[0], "SHELL": user[4] or "/bin/sh"})
+        self.cg = {str(k): str(v) for k, v in (spec.get("cgroups") or {}).items()}
+        if self.cg:
+            try:
+                cgroups.create(self.cg, spec.get("deny_devices") or [], spec.get("mem_bytes"), spec.get("cpus"),
+                               tuple(spec.get("v2_controllers") or ()))
+            except OSError as err:
+                cgroups.remove(self.cg)
+                return self.fail_to_start(spec, f"could not confine the job in its cgroup: {err.strerror or err}",
+                                          log_fd)
         self.subreaper = _become_subreaper()
         try:
-            pid = spawn(command, cwd, env, log_fd)
-        except FileNotFoundError:
-            return self.fail_to_start(spec, f"command not found: {command[0]}", log_fd)
-        except PermissionError:
-            return self.fail_to_start(spec, f"permission denied: {command[0]}", log_fd)
-        except OSError as err:
-            return self.fail_to_start(spec, f"could not start {command[0]}: {err.strerror or err}", log_fd)
+            pid = spawn(command, cwd, env, log_fd, cgroups.procs_files(self.cg), user[:3] if user else None)
+        except SpawnError as err:
+            cgroups.remove(self.cg)
+            return self.fail_to_start(spec, self.spawn_failure(err, command, cwd, user), log_fd)
         os.close(log_fd)
         self.child_pid = pid
         started_mono = time.monotonic()
@@ -402,7 +528,7 @@ class Shim:
                     next_scan = now + 1.0
             else:
                 # the main process ended: nothing of the run may outlive it
-                if not have_children and not (self.known and self.tree()):
+                if not have_children and not self.leftovers():
                     break
                 if not leftovers_stopping:
                     leftovers_stopping = True
@@ -426,8 +552,14 @@ class Shim:
         status = self.child_status if self.child_status is not None else 0
         exit_code: int | None = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         sig: int | None = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        host_oom = bool(self.cg) and cgroups.oom_killed(self.cg)
+        cgroups.remove(self.cg)
         if stop is not None:
             outcome, reason = stop
+        elif host_oom:
+            limit_text = cgroups.format_bytes(int(spec.get("mem_bytes") or 0))
+            how = f"exit code {exit_code}" if exit_code is not None else f"killed by signal {_signal_name(sig or 0)}"
+            outcome, reason = "oom", f"host memory limit of {limit_text} reached ({how})"
         elif exit_code == 0:
             outcome, reason = "completed", "completed"
         else:

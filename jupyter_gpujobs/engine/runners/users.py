@@ -1,0 +1,76 @@
+"""The Unix users jobs run as: whether a job's owner is one on this machine, whether the engine
+runs each job as its owner (`run_as_owner`), and whether a folder is open to that user.
+
+Only a root engine can start a process as another user; a personal engine (not root) runs
+every job as itself, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+RUN_AS_MODES = ("auto", "always", "never")
+
+
+class NotAUnixUser(LookupError):
+    """The job's owner has no account on this machine."""
+
+    def __init__(self, user: str):
+        super().__init__(f"the job's owner {user!r} is not a Unix user on this machine")
+        self.user = user
+
+
+def run_as(owner: str, mode: str = "auto") -> str | None:
+    """The Unix user to run `owner`'s job as, or None for the engine's own user.
+
+    "auto": the owner, when the engine runs as root and the owner is a Unix user here other
+    than root; "always": the owner (NotAUnixUser when there is none); "never": None."""
+    if mode == "never":
+        return None
+    try:
+        entry = pwd.getpwnam(owner)
+    except KeyError:
+        if mode == "always":
+            raise NotAUnixUser(owner) from None
+        return None
+    if entry.pw_uid == os.geteuid():
+        return None
+    if mode == "auto" and os.geteuid() != 0:
+        return None
+    return entry.pw_name
+
+
+def can_enter(path: str, user: str) -> bool:
+    """May `user` enter the folder `path` (search permission on it and every parent)? Read
+    from the mode bits, owner and group of each folder, as the kernel checks them without
+    ACLs; the job's own chdir as that user is the final word."""
+    entry = pwd.getpwnam(user)
+    if entry.pw_uid == 0:
+        return os.path.isdir(path)
+    groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    current = os.path.abspath(path)
+    chain = []
+    while True:
+        chain.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for folder in reversed(chain):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        if st.st_uid == entry.pw_uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
