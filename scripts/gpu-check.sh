@@ -18,6 +18,9 @@
 #   oom              a job allocating more GPU memory than exists ends FAILED, "out of memory"
 #   time-limit-frees a job killed at its time limit gives its GPU memory back (nvidia-smi)
 #   rogue            a process started outside the queue on a GPU is reported as rogue
+#   fence            a job given one GPU opens its /dev/nvidiaN and gets EPERM on every other GPU's
+#                    node (device cgroup); SKIP on a 1-GPU machine or where GET gpus says
+#                    "GPU fence: none" (not root, no writable devices cgroup)
 # The checks that need PyTorch are SKIPped when it cannot be imported.
 #
 # Preparing DIR on a machine with network (same OS, CPU architecture and Python minor
@@ -57,6 +60,7 @@ CHECKS=(
   "oom|a job allocating 1.5x the GPU's memory ends FAILED with reason 'out of memory' (and an oom finding)"
   "time-limit-frees|a job holding GPU memory with a 10s time limit ends TIMEOUT; nvidia-smi shows the memory freed"
   "rogue|a process started outside the queue on a GPU appears in GET findings?kind=rogue_process"
+  "fence|a job given GPU i opens /dev/nvidia<minor of i>; the other GPUs' nodes fail with EPERM"
 )
 
 if [ "$DRY" = 1 ]; then
@@ -206,6 +210,8 @@ def main():
         report("FAIL", "server", f"backend is {gpus['backend']!r}, not nvml (see the server log)")
         return
     api_gpus = sorted(gpus["gpus"], key=lambda g: g["index"])
+    isolation = gpus.get("isolation") or "GPU fence: none (not reported)"
+    print(f"gpu-check: isolation: {isolation}", flush=True)
 
     # ---- inventory
     rows = [r.split(", ") for r in smi("--query-gpu=index,uuid,name,memory.total",
@@ -217,6 +223,8 @@ def main():
     report("PASS" if same else "FAIL", "inventory",
            f"{len(got)} GPU(s): {', '.join(f'{g[0]}:{g[2]}' for g in got)}" if same
            else f"nvidia-smi {want} != API {got}")
+
+    fence_check(api_gpus, isolation)
 
     has_torch = subprocess.run([PY, "-c", "import torch; assert torch.cuda.is_available()"],
                                capture_output=True, timeout=120).returncode == 0
@@ -333,6 +341,47 @@ def main():
         rogue.wait()
     report("PASS" if found else "FAIL", "rogue",
            found["message"] if found else f"process {rogue.pid} on GPU {free[0]} was not reported within 45s")
+
+
+def fence_check(api_gpus, isolation):
+    """A 1-GPU job opens every GPU's device node: its own opens, the others give EPERM."""
+    if len(api_gpus) < 2:
+        report("SKIP", "fence", "needs 2 or more GPUs")
+        return
+    if not isolation.startswith("GPU fence: device cgroup"):
+        report("SKIP", "fence", f"no device fence on this host: {isolation}")
+        return
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        minor = {g["index"]: int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(g["index"])))
+                 for g in api_gpus}
+    finally:
+        pynvml.nvmlShutdown()
+    code = ("import errno, json, os\n"
+            f"minors = {sorted(minor.values())!r}\n"
+            "out = {}\n"
+            "for m in minors:\n"
+            "    try:\n"
+            "        os.close(os.open(f'/dev/nvidia{m}', os.O_RDWR))\n"
+            "        out[m] = 'ok'\n"
+            "    except OSError as err:\n"
+            "        out[m] = errno.errorcode.get(err.errno, str(err.errno))\n"
+            "print('RESULT ' + json.dumps(out))\n")
+    job = submit(code, time_limit="1m")
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST", "CANCELLED"), 60)
+    line = next((x for x in log(job["id"]).splitlines() if x.startswith("RESULT ")), None)
+    if end_job["state"] != "COMPLETED" or line is None:
+        report("FAIL", "fence", f"job ended {end_job['state']}: {end_job['reason']}")
+        return
+    opened = {int(k): v for k, v in json.loads(line[7:]).items()}
+    mine = minor[end_job["assigned_gpus"][0]]
+    others = {m: r for m, r in opened.items() if m != mine}
+    ok = opened.get(mine) == "ok" and all(r == "EPERM" for r in others.values())
+    report("PASS" if ok else "FAIL", "fence",
+           f"given GPU {end_job['assigned_gpus'][0]} (/dev/nvidia{mine}: {opened.get(mine)}); "
+           f"other nodes: {', '.join(f'nvidia{m}: {r}' for m, r in sorted(others.items()))}")
 
 
 try:

@@ -305,5 +305,5 @@ def test_a_planted_log_symlink_is_not_followed(runner: LocalRunner, tmp_path: Pa
 
 def test_isolation_is_said_in_one_line(runner: LocalRunner) -> None:
     text = runner.isolation.describe()
-    assert text.startswith("GPU fence: device cgroup; process tree: cgroup")
+    assert text.startswith("GPU fence: device cgroup; each job in its own cgroup (")
 

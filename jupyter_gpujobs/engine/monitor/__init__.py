@@ -124,6 +124,9 @@ class DrainingBackend(GPUBackend):
     def close(self) -> None:
         self.inner.close()
 
+    def device_nodes(self) -> dict[int, str]:
+        return self.inner.device_nodes()  # the GPU fence needs them: never the base class's none
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

@@ -60,13 +60,14 @@ class Isolation:
         return "devices" in self.v1
 
     def describe(self) -> str:
+        """One line for the log, `jupyter gpujobs gpus` and the panel."""
         text = FENCE_ON if self.fence else FENCE_OFF
         if not self.enabled:
-            return f"{text}; process tree: subreaper ({self.why_not or 'no writable cgroups'})"
-        kinds = [f"cgroup v2 at {self.v2}"] if self.v2 else []
-        if self.v1:
-            kinds.append("cgroup v1 " + ",".join(sorted(self.v1)))
-        return f"{text}; process tree: {' + '.join(kinds)}"
+            return f"{text}; process tree: subreaper supervision ({self.why_not or 'no writable cgroups'})"
+        kinds = " + ".join(k for k, on in (("v2", self.v2), ("v1", self.v1)) if on)
+        memory, cpu = self.limits()
+        limits = " and ".join(k for k, on in (("memory", memory), ("CPU", cpu)) if on) or "none"
+        return f"{text}; each job in its own cgroup ({kinds}); host limits: {limits}"
 
     def limits(self) -> tuple[bool, bool]:
         """Can a job be given (a memory limit, a CPU limit)?"""

@@ -1,0 +1,179 @@
+"""Isolation through a real Jupyter server run as root with two named users who are real Unix
+users (scripts/install-multiuser.sh): jobs run as their owners, cannot read or signal each
+other's, are fenced to their own fake GPUs' device nodes, say which isolation is in force, and
+the fallback without cgroups says so and behaves as before. Needs root, as CI runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+U1, U2 = "gpujobs-u1", "gpujobs-u2"
+TOKENS = {"tok-u1": U1, "tok-u2": U2}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (users, cgroups, device nodes)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def users() -> None:
+    subprocess.run([str(ROOT / "scripts" / "install-multiuser.sh"), "--users"], check=True)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    path = Path(f"/tmp/gpujobs-live-{os.getpid()}-{time.monotonic_ns()}")
+    path.mkdir()
+    os.chmod(path, 0o1777)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def _two_user_server(live_server: Any, **config: Any) -> Any:
+    server = live_server(
+        fake_gpus="2xA100", config={"user_identity": "jupyter", **config},
+        extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
+                    f"--TokenUsers.users={json.dumps(TOKENS)}"],
+        start=False,
+    )
+    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
+    server.token = "tok-u1"
+    return server.start()
+
+
+def _wait(client: GPUJobsClient, job_id: int, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.job(job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, (job["state"], job["reason"])
+        time.sleep(0.1)
+
+
+def _wait_file(path: Path, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    time.sleep(0.1)
+    return path.read_text()
+
+
+def _nodes(server: Any) -> Path:
+    fleet = hashlib.sha1(str(server.state_dir.resolve()).encode()).hexdigest()[:12]
+    return Path(f"/dev/gpujobs-fake/{fleet}")
+
+
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
+
+
+def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, open_dir: Path) -> None:
+    server = _two_user_server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    u2 = GPUJobsClient(url=server.url, token="tok-u2")
+    assert server.client().gpu_report()["isolation"].startswith("GPU fence: device cgroup")
+
+    pid_file = open_dir / "u2.pid"
+    theirs = u2.submit(["/bin/sh", "-c", f"id -un; echo $$ > {pid_file}; echo secret-of-u2; exec sleep 60"],
+                       gpus=1, cwd=str(open_dir), time_limit="2m")
+    u2_pid = int(_wait_file(pid_file))
+    running = _wait(u2, theirs["id"], ("RUNNING",))
+    u2_log = server.state_dir / "logs" / f"job-{theirs['id']}.log"
+    nodes = _nodes(server)
+    mine_probe = (f"id -un; cat {u2_log} 2>&1; kill -TERM {u2_pid} 2>&1; kill -9 $PPID 2>&1; "
+                  f"for i in 0 1; do (exec 3<{nodes}/nvidia$i) 2>&1 | sed \"s/^/gpu$i: /\"; done; echo gpus=$CUDA_VISIBLE_DEVICES")
+    mine = u1.submit(["/bin/sh", "-c", mine_probe], gpus=1, cwd=str(open_dir), time_limit="1m")
+    done = _wait(u1, mine["id"], ENDED)
+    assert done["state"] == "COMPLETED", done["reason"]
+    log = u1.log(mine["id"])["data"]
+    lines = [line for line in log.splitlines() if line]
+    assert lines[0] == U1
+    assert "secret-of-u2" not in log and "Permission denied" in lines[1]  # the other's log: EACCES
+    assert "Operation not permitted" in lines[2] and "Operation not permitted" in lines[3], log  # job, supervisor: EPERM
+    given = done["assigned_gpus"][0]
+    other = running["assigned_gpus"][0]
+    assert {given, other} == {0, 1}
+    gpu_lines = {line.split(": ", 1)[0]: line for line in lines if line.startswith("gpu")}
+    assert "No such device or address" in gpu_lines[f"gpu{given}"]  # its own GPU (ENXIO: no driver)
+    assert "Operation not permitted" in gpu_lines[f"gpu{other}"]  # the other's GPU: fenced
+    assert lines[-1] == f"gpus={given}"
+
+    assert u2.job(theirs["id"])["state"] == "RUNNING"  # untouched by the other user
+    assert u2.log(theirs["id"])["data"].splitlines()[0] == U2
+    assert pwd.getpwuid(u2_log.stat().st_uid).pw_name == U2 and u2_log.stat().st_mode & 0o077 == 0
+    u2.cancel(theirs["id"])
+
+
+def test_cwd_the_owner_cannot_enter_is_refused_at_submit(live_server: Any) -> None:
+    server = _two_user_server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    home = pwd.getpwnam(U2).pw_dir
+    with pytest.raises(GPUJobsError) as err:
+        u1.submit(["/bin/true"], gpus=0, cwd=home)
+    assert f"cwd {home} is not accessible to {U1}" in str(err.value)
+
+
+def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_server: Any, open_dir: Path) -> None:
+    """As its owner, `kill -9 $PPID` fails and the job's setsid grandchild is stopped with it at
+    the time limit; the GPU is not handed out while any of its processes lives."""
+    server = _two_user_server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    pids = open_dir / "pids"
+    script = (f"setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' & "
+              f"sleep 0.2; kill -9 $PPID; echo $$ >> {pids}; sleep 300")
+    job = u1.submit(["/bin/sh", "-c", script], gpus=2, cwd=str(open_dir), time_limit="4s")
+    waiting = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir))
+    _wait(u1, job["id"], ("RUNNING",))
+    deadline = time.monotonic() + 20
+    while len(pids.read_text().split() if pids.exists() else []) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    job_pids = [int(p) for p in pids.read_text().split()]
+    while u1.job(job["id"])["state"] == "RUNNING":
+        assert u1.job(waiting["id"])["state"] == "PENDING"
+        assert time.monotonic() < deadline + 20
+        time.sleep(0.1)
+    assert u1.job(job["id"])["state"] == "TIMEOUT"
+    for pid in job_pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert _wait(u1, waiting["id"], ENDED)["state"] == "COMPLETED"
+
+
+def test_without_cgroups_the_plain_message_and_todays_behaviour(live_server: Any, tmp_path: Path) -> None:
+    """cgroups=off: the engine says "GPU fence: none" (log, GET gpus, CLI), a job can open any
+    GPU node, and a planted log link is still not followed."""
+    server = live_server(fake_gpus="2xA100", config={"cgroups": "off"})
+    client = server.client()
+    report = client.gpu_report()
+    assert report["isolation"].startswith("GPU fence: none, CUDA_VISIBLE_DEVICES only")
+    assert "GPU fence: none, CUDA_VISIBLE_DEVICES only" in server.cli("gpus").stdout
+    assert server.server_log().count("isolation: GPU fence: none, CUDA_VISIBLE_DEVICES only") == 1
+
+    nodes = _nodes(server)
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    first = client.submit(["/bin/sh", "-c", f"(exec 3<{nodes}/nvidia1) 2>&1; echo gpus=$CUDA_VISIBLE_DEVICES; "
+                                            f"ln -s {target} {server.state_dir}/logs/job-$((GPUJOBS_JOB_ID + 1)).log"],
+                          gpus=1)
+    assert _wait(client, first["id"], ENDED)["state"] == "COMPLETED"
+    log = client.log(first["id"])["data"]
+    assert "No such device or address" in log and "gpus=0" in log  # no fence: every node opens
+    second = client.submit(["/bin/sh", "-c", "echo output-of-the-next-job"], gpus=0)
+    assert second["id"] == first["id"] + 1
+    assert _wait(client, second["id"], ENDED)["state"] == "COMPLETED"
+    assert target.read_text() == "precious\n"
+    assert client.log(second["id"])["data"] == "output-of-the-next-job\n"
