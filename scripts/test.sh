@@ -9,6 +9,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".[test]"
 scripts/install-browser.sh   # Debian's chromium for the browser tests
 scripts/install-postgres.sh  # Debian's PostgreSQL server for the store's PostgreSQL tests
+scripts/install-multiuser.sh # test Unix users and a venv they can run (jobs as their owners)
 .venv/bin/ruff check .
 set +e
 .venv/bin/python -m pytest "$@"
