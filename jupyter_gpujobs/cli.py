@@ -5,6 +5,7 @@
     jupyter gpujobs run-notebook NB.ipynb -g 1 -t 2h -p alpha=0.1
     jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h
     jupyter gpujobs usage --since 30d --by group | usage --heatmap | findings
+    jupyter gpujobs doctor
 
 Errors are one line on stderr and a non-zero exit (2 for a wrong command line, 1 for an
 answer of the engine).
@@ -207,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
     where.add_argument("--prefix", help="install under this prefix")
     ks_sub.add_parser("list", help="the installed GPU kernelspecs")
+    dr = sub.add_parser("doctor", help="what is in force and what is wrong: engine, GPUs, isolation, store, "
+                        "lab extension, GPU kernels, and what to do about each problem")
+    dr.add_argument("--json", action="store_true")
     return p
 
 
@@ -252,6 +256,10 @@ def run(argv: Sequence[str]) -> int:
         from .jupyter import kernelspec
 
         return kernelspec.main(args)
+    if args.cmd == "doctor":
+        from . import doctor
+
+        return doctor.main(args.url, args.token, args.json)
     if args.cmd == "submit":
         command = list(args.command)
         if command and command[0] == "--":
@@ -403,6 +411,12 @@ def _monitor_command(client: GPUJobsClient, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, so that a reader gone early (`| head`) is caught below
+    except BrokenPipeError:
+        # the reader of our output closed it (`jupyter gpujobs list | head`): stop quietly, as Unix
+        # tools do; stdout goes to /dev/null so that Python's exit flush does not complain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2

@@ -236,6 +236,36 @@ class WhoAmIHandler(GPUJobsHandler):
         self.reply({"user": user, "admin": self.service.is_admin(user)})
 
 
+class InfoHandler(GPUJobsHandler):
+    """What is in force in this engine, for `jupyter gpujobs doctor`: its version, the GPU
+    backend and GPUs, the store (kind and size; its URL for admins), the isolation of jobs,
+    and who the caller is."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        from ... import __version__
+        from ..store.report import store_report
+
+        user = self.owner
+        admin = self.service.is_admin(user)
+        gpus = self.service.gpu_views()
+        store = store_report(self.service.store)
+        if not admin:
+            store.pop("url")
+        self.reply({
+            "version": __version__,
+            "user": user,
+            "admin": admin,
+            "identity": self.settings.get("gpujobs_identity", "unix"),
+            "backend": self.service.gpus.name,
+            "gpus": len(gpus),
+            "gpu_models": sorted({g["name"] for g in gpus}),
+            "store": store,
+            "isolation": getattr(self.service, "isolation", None),
+        })
+
+
 class QuotaHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
@@ -354,6 +384,7 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/queue/?", QueueHandler),
     (rf"/{API}/quota/?", QuotaHandler),
     (rf"/{API}/whoami/?", WhoAmIHandler),
+    (rf"/{API}/info/?", InfoHandler),
     (rf"/{API}/events/?", EventsHandler),
     (rf"/{API}/openapi.json", OpenAPIHandler),
 ]

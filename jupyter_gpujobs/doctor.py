@@ -1,0 +1,245 @@
+"""`jupyter gpujobs doctor`: what is in force and what is wrong, for a new user or an admin.
+
+Each check is a function in `CHECKS` returning `Check` rows (status ok, warn or fail, what was
+found, and what to do about a problem). Checks that ask the engine go through the client
+(`GET whoami`, `GET info`, `GET gpus`) and read whatever the engine reports, so a field a newer
+engine adds shows up without a change here; local checks look at this machine's Jupyter
+install (the `jupyter` command, the lab extension, the GPU kernelspecs).
+
+    jupyter gpujobs doctor          # a table; exit 1 when a check fails
+    jupyter gpujobs doctor --json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .client import GPUJobsClient, GPUJobsError, find_server
+from .model import format_duration
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+LAB_EXTENSION = "jupyter-gpujobs"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    found: str
+    todo: str = ""
+
+
+@dataclass
+class Context:
+    """What the checks share: how to reach the engine and what it answered."""
+
+    url: str | None
+    token: str | None
+    client: GPUJobsClient | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def check_command(ctx: Context) -> list[Check]:
+    """Is `jupyter` on PATH, and is it this installation's?"""
+    found = shutil.which("jupyter")
+    mine = os.path.join(os.path.dirname(sys.executable), "jupyter")
+    if found is None:
+        return [Check("jupyter command", WARN, "`jupyter` is not on PATH",
+                      f"activate the environment jupyter-gpujobs is installed in (e.g. `source "
+                      f"{os.path.dirname(os.path.dirname(sys.executable))}/bin/activate`)")]
+    if os.path.exists(mine) and os.path.realpath(found) != os.path.realpath(mine):
+        return [Check("jupyter command", WARN, f"`jupyter` on PATH is {found}, not this installation's {mine}",
+                      "put this environment's bin first on PATH (activate it)")]
+    return [Check("jupyter command", OK, found)]
+
+
+def check_engine(ctx: Context) -> list[Check]:
+    """Which engine the CLI reaches, how it found it, and who you are there."""
+    if ctx.url:
+        how = "--url"
+    elif os.environ.get("GPUJOBS_URL"):
+        how = "GPUJOBS_URL (set in the kernels and terminals of a Jupyter server with the extension)"
+    else:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        how = f"the newest running Jupyter server in {jupyter_runtime_dir()}"
+    try:
+        url, token = find_server(ctx.url, ctx.token)
+        ctx.client = GPUJobsClient(url=url, token=token, timeout=10)
+        who = ctx.client.whoami()
+    except (GPUJobsError, OSError) as err:
+        ctx.client = None
+        message = getattr(err, "message", str(err))
+        return [Check("engine", FAIL, f"not reachable ({how}): {message}",
+                      "start JupyterLab with the extension (`scripts/run-lab.sh` in a clone, or `jupyter lab`); "
+                      "check `jupyter server extension list` shows jupyter_gpujobs enabled")]
+    try:
+        ctx.info = ctx.client.api("GET", "info")
+    except GPUJobsError:
+        ctx.info = {}  # an engine older than `GET info`
+    version = ctx.info.get("version")
+    role = "admin" if who.get("admin") else "user"
+    return [Check("engine", OK, f"{url} (found from {how})" + (f", version {version}" if version else "")
+                  + f"; you are {who.get('user')} ({role})")]
+
+
+def check_gpus(ctx: Context) -> list[Check]:
+    if ctx.client is None:
+        return []
+    report = ctx.client.api("GET", "gpus")
+    gpus = report.get("gpus", []) if isinstance(report, dict) else report
+    backend = report.get("backend") if isinstance(report, dict) else ctx.info.get("backend")
+    models: dict[str, int] = {}
+    for g in gpus:
+        models[g["name"]] = models.get(g["name"], 0) + 1
+    what = ", ".join(f"{n}x{m}" for m, n in sorted(models.items()))
+    if not gpus:
+        return [Check("GPUs", WARN, f"none found (backend: {backend or 'none'})",
+                      "on a machine with NVIDIA GPUs install the driver (NVML); for a demo set fake ones: "
+                      "GPUJOBS_FAKE_GPUS=2xA100-80GB,2xT4 or c.GPUJobs.fake_gpus")]
+    rows = []
+    if backend == "fake":
+        rows.append(Check("GPUs", OK, f"{len(gpus)} fake GPUs ({what}): scheduled like real ones, for demos and tests"))
+    else:
+        rows.append(Check("GPUs", OK, f"{len(gpus)} GPUs via {backend} ({what})"))
+    draining = [str(g["index"]) for g in gpus if g.get("draining")]
+    if draining:
+        rows.append(Check("GPUs", WARN, f"draining: GPU {', '.join(draining)}",
+                          "see `jupyter gpujobs findings`; an admin undrains with the panel or POST gpus/drain"))
+    for key, value in sorted(report.items() if isinstance(report, dict) else []):
+        if key not in ("gpus", "backend", "isolation") and isinstance(value, str) and value:
+            rows.append(Check("GPUs", WARN, f"{key}: {value}"))  # e.g. a notice the engine gives
+    isolation = (report.get("isolation") if isinstance(report, dict) else None) or ctx.info.get("isolation")
+    if isolation is None:
+        rows.append(Check("isolation", WARN, "not reported by this engine: jobs see only their "
+                          "CUDA_VISIBLE_DEVICES, nothing fences the other GPUs"))
+    elif "none" in str(isolation).split(";")[0].lower():
+        rows.append(Check("isolation", WARN, str(isolation),
+                          "on a shared machine run the engine as root on cgroup v2 so jobs are fenced to their GPUs"))
+    else:
+        rows.append(Check("isolation", OK, str(isolation)))
+    return rows
+
+
+def check_store(ctx: Context) -> list[Check]:
+    store = ctx.info.get("store")
+    if ctx.client is None or not isinstance(store, dict):
+        return []
+    where = f" at {store['url']}" if store.get("url") else ""
+    size = store.get("size_bytes")
+    found = f"{store.get('kind')}{where}, {_size(size)}"
+    if size is not None and size > 2 * 1024**3:
+        return [Check("store", WARN, found, "shorten c.GPUJobs.job_retention and the monitor's sample retention, "
+                      "or move to PostgreSQL (c.GPUJobs.db_url)")]
+    return [Check("store", OK, found)]
+
+
+def check_lab_extension(ctx: Context) -> list[Check]:
+    """The JupyterLab extension, as this machine's Jupyter finds it (the panel)."""
+    from jupyter_core.paths import jupyter_config_path, jupyter_path
+
+    where = next((d for d in jupyter_path("labextensions")
+                  if os.path.isfile(os.path.join(d, LAB_EXTENSION, "package.json"))), None)
+    if where is None:
+        return [Check("lab extension", FAIL, f"{LAB_EXTENSION} is not installed",
+                      "reinstall the package (`pip install jupyter-gpujobs`); from a clone, build it with "
+                      "`scripts/run-lab.sh` (needs Node.js)")]
+    for folder in jupyter_config_path():
+        path = os.path.join(folder, "labconfig", "page_config.json")
+        try:
+            with open(path) as f:
+                disabled = json.load(f).get("disabledExtensions") or {}
+        except (OSError, ValueError):
+            continue
+        if disabled.get(LAB_EXTENSION) or (isinstance(disabled, list) and LAB_EXTENSION in disabled):
+            return [Check("lab extension", FAIL, f"{LAB_EXTENSION} is disabled in {path}",
+                          f"jupyter labextension enable {LAB_EXTENSION}")]
+    return [Check("lab extension", OK, f"{LAB_EXTENSION} enabled ({os.path.join(where, LAB_EXTENSION)})")]
+
+
+def check_kernelspecs(ctx: Context) -> list[Check]:
+    from .jupyter.kernelspec import gpu_kernelspecs, server_config, settings_in_force
+    from .jupyter.provisioner import GPUKernelStartError
+
+    specs = gpu_kernelspecs()
+    if not specs:
+        return [Check("GPU kernels", OK, "no GPU kernelspecs (optional)",
+                      "add one: jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h --user")]
+    config = server_config()
+    rows = []
+    for name, info in specs.items():
+        try:
+            s = settings_in_force(info["spec"], config)
+        except GPUKernelStartError as err:
+            rows.append(Check("GPU kernels", FAIL, f"{name}: {err}",
+                              f"reinstall it: jupyter gpujobs kernelspec install --name {name} ..."))
+            continue
+        gpus = f"{s['gpus']}x{s['gpu_type']}" if s["gpu_type"] else f"{s['gpus']} GPU(s)"
+        limit = format_duration(s["time_limit"]) if s["time_limit"] else "server default"
+        row = Check("GPU kernels", OK, f"{name} ({gpus}, time limit {limit}) in {info['resource_dir']}")
+        available = ctx.info.get("gpu_models")
+        if ctx.client is not None and s["gpu_type"] and available is not None and not any(
+                s["gpu_type"].lower() in m.lower() for m in available):
+            row = Check("GPU kernels", WARN, row.found + f": no {s['gpu_type']} on this server",
+                        "its kernels would wait forever; reinstall it with a --type this server has")
+        rows.append(row)
+    return rows
+
+
+#: The checks, in the order they are shown. Add one by appending a function Context -> [Check].
+CHECKS: list[Callable[[Context], list[Check]]] = [
+    check_command, check_engine, check_gpus, check_store, check_lab_extension, check_kernelspecs,
+]
+
+
+def run_checks(url: str | None = None, token: str | None = None) -> list[Check]:
+    ctx = Context(url=url, token=token)
+    rows: list[Check] = []
+    try:
+        for check in CHECKS:
+            try:
+                rows.extend(check(ctx))
+            except Exception as err:  # a check that breaks is itself a finding, not a crash
+                rows.append(Check(check.__name__.removeprefix("check_"), FAIL, f"{type(err).__name__}: {err}"))
+    finally:
+        if ctx.client is not None:
+            ctx.client.close()
+    return rows
+
+
+def format_checks(rows: list[Check]) -> str:
+    width = max(len(r.name) for r in rows)
+    lines = []
+    for r in rows:
+        lines.append(f"{r.status.upper():<4}  {r.name:<{width}}  {r.found}")
+        if r.todo and r.status != OK:
+            lines.append(f"{'':<4}  {'':<{width}}  -> {r.todo}")
+    problems = sum(r.status != OK for r in rows)
+    lines.append("all good" if not problems else f"{problems} problem(s); see the -> lines")
+    return "\n".join(lines)
+
+
+def main(url: str | None, token: str | None, as_json: bool) -> int:
+    rows = run_checks(url, token)
+    print(json.dumps([asdict(r) for r in rows], indent=2) if as_json else format_checks(rows))
+    return 1 if any(r.status == FAIL for r in rows) else 0
+
+
+__all__ = ["CHECKS", "Check", "Context", "format_checks", "main", "run_checks"]

@@ -1,0 +1,32 @@
+"""What the store is and how much room it takes, for `GET info` (and so `jupyter gpujobs doctor`).
+
+SQLite: the database file with its write-ahead log; PostgreSQL: `pg_database_size` of the
+database. The URL is given without its password.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from . import Store
+
+
+def store_report(store: Store) -> dict[str, Any]:
+    """`{"kind": "sqlite"|"postgresql"|..., "url": URL without password, "size_bytes": int|None}`."""
+    url = make_url(store.url)
+    kind = url.get_backend_name()
+    size: int | None = None
+    try:
+        if kind == "sqlite" and url.database and url.database != ":memory:":
+            size = sum(os.path.getsize(url.database + suffix) for suffix in ("", "-wal")
+                       if os.path.exists(url.database + suffix))
+        elif kind == "postgresql":
+            with store.engine.connect() as conn:
+                size = int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
+    except Exception:  # a size we cannot read is reported as unknown, never as an error of the API
+        size = None
+    return {"kind": kind, "url": url.render_as_string(hide_password=True), "size_bytes": size}
