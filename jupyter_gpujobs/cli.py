@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--after", action="append", default=[], help="start after job ID ends")
         sp.add_argument("--afterok", action="append", default=[], help="start after job ID completes")
         sp.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+        sp.add_argument("--mem", help="host memory limit, e.g. 32G (the job is stopped past it)")
+        sp.add_argument("--cpus", help="CPU limit in cores, e.g. 8 or 0.5")
         sp.add_argument("--json", action="store_true", help="print the job as JSON")
 
     s = sub.add_parser("submit", help="submit a command as a GPU job", description="Submit a command: "
@@ -224,7 +226,7 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError:
         raise UsageError(f"--gpus: expected a whole number, got {args.gpus!r}") from None
     body: dict[str, Any] = {"gpus": gpus}
-    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when"):
+    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus"):
         if getattr(args, key, None) is not None:
             body[key] = getattr(args, key)
     if args.preemptible:

@@ -299,6 +299,8 @@ class Job:
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)  # kind-specific (notebook path, params...)
+    mem_bytes: int | None = None  # host memory limit (--mem), enforced by the job's cgroup
+    cpus: float | None = None  # CPU limit in cores (--cpus), enforced by the job's cgroup
     # --- state
     state: JobState = JobState.PENDING
     submitted_at: float = 0.0
@@ -479,7 +481,38 @@ class Plan:
 SUBMIT_FIELDS = {
     "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
     "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
+    "mem", "cpus",
 }
+
+#: Smallest and largest host memory limit a job may ask for, and the most CPUs.
+MIN_MEM_BYTES = 16 << 20
+MAX_MEM_BYTES = 1 << 50
+MAX_CPUS = 4096
+_MEM_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_memory(value: Any, field_name: str = "mem") -> int:
+    """Bytes of a host memory limit: "32G", "512M", "1.5T", or a number of megabytes (as Slurm's --mem)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidInput(field_name, f"expected a size such as 32G or 512M, got {value!r}")
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise InvalidInput(field_name, f"cannot read the size {value!r}; use e.g. 32G or 512M")
+    size = int(float(m.group(1)) * _MEM_UNITS[m.group(2).upper()])
+    if not MIN_MEM_BYTES <= size <= MAX_MEM_BYTES:
+        raise InvalidInput(field_name, f"{value!r} is out of range; a host memory limit is between 16M and 1024T")
+    return size
+
+
+def parse_cpus(value: Any, field_name: str = "cpus") -> float:
+    """A CPU limit in cores: a number above 0 (0.5 is half a core), at most 4096."""
+    try:
+        cpus = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        raise InvalidInput(field_name, f"expected a number of CPUs such as 8 or 0.5, got {value!r}") from None
+    if not 0.01 <= cpus <= MAX_CPUS:
+        raise InvalidInput(field_name, f"{value!r} is out of range; ask for 0.01 to {MAX_CPUS} CPUs")
+    return cpus
 
 
 def parse_array(value: Any, field_name: str = "array") -> tuple[list[int], int | None]:
@@ -641,6 +674,8 @@ def validate_submission(
         raise InvalidInput("payload", "expected an object")
 
     array, array_limit = parse_array(body.get("array"))
+    mem = body.get("mem")
+    cpus = body.get("cpus")
 
     return {
         "kind": kind,
@@ -661,6 +696,8 @@ def validate_submission(
         "payload": dict(payload),
         "array": array,
         "array_max_running": array_limit,
+        "mem_bytes": parse_memory(mem) if mem not in (None, "") else None,
+        "cpus": parse_cpus(cpus) if cpus not in (None, "") else None,
     }
 
 

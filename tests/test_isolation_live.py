@@ -177,3 +177,25 @@ def test_without_cgroups_the_plain_message_and_todays_behaviour(live_server: Any
     assert _wait(client, second["id"], ENDED)["state"] == "COMPLETED"
     assert target.read_text() == "precious\n"
     assert client.log(second["id"])["data"] == "output-of-the-next-job\n"
+
+
+def test_mem_limit_through_the_cli_stops_the_job_with_the_reason(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xA100")
+    code = "import time; b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(5)"
+    out = server.cli("submit", "--gpus", "0", "--mem", "128M", "--cpus", "1", "--json", "--",
+                     "/usr/bin/python3", "-c", code)
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)
+    assert job["mem_bytes"] == 128 << 20 and job["cpus"] == 1.0
+    done = _wait(server.client(), job["id"], ENDED)
+    assert done["state"] == "FAILED"
+    assert done["reason"].startswith("host memory limit of 128M reached"), done["reason"]
+    bad = server.cli("submit", "--gpus", "0", "--mem", "lots", "--", "/bin/true")
+    assert bad.returncode != 0 and "mem" in bad.stderr and "32G" in bad.stderr
+
+
+def test_mem_limit_is_refused_where_it_cannot_be_enforced(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xA100", config={"cgroups": "off"})
+    with pytest.raises(GPUJobsError) as err:
+        server.client().submit(["/bin/true"], gpus=0, mem="1G")
+    assert "cannot enforce a --mem limit" in str(err.value)

@@ -384,6 +384,11 @@ class JobService:
         iso = getattr(self.runner, "isolation", None)
         return iso.describe() if iso is not None else FENCE_OFF
 
+    def limits_enforceable(self) -> tuple[bool, bool]:
+        """Can this engine's jobs be given (a host memory limit, a CPU limit)?"""
+        iso = getattr(self.runner, "isolation", None)
+        return iso.limits() if iso is not None and iso.enabled else (False, False)
+
     def gpu_views(self) -> list[dict[str, Any]]:
         holders: dict[tuple[str, int], Job] = {}
         for job in self._running.values():
@@ -428,7 +433,7 @@ class JobService:
             "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
             "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
-            "ends_at": ends_at, "warn_at": warn_at,
+            "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
         }
         return out
 
@@ -516,6 +521,10 @@ class JobService:
             raise InvalidInput("cwd", f"cwd {fields['cwd']} is not accessible to {unix_user}")
         if not os.path.isdir(fields["cwd"]):
             raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
+        memory_ok, cpu_ok = self.limits_enforceable()
+        for key, ok, what in (("mem_bytes", memory_ok, "mem"), ("cpus", cpu_ok, "cpus")):
+            if fields.get(key) is not None and not ok:
+                raise InvalidInput(what, f"this machine cannot enforce a --{what} limit ({self.isolation})")
         if fields["kind"] == "notebook":
             from ..notebook.notebooks import check_notebook_payload
 
@@ -876,6 +885,8 @@ class JobService:
                 log_path=str(log_path),
                 fake=self.gpus.name == "fake",
                 run_as=owner,
+                mem_bytes=job.mem_bytes,
+                cpus=job.cpus,
                 deny_devices=[path for index, path in sorted(nodes.items()) if index not in given],
             )
             try:

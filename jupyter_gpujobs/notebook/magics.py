@@ -42,8 +42,10 @@ from ..client import FINAL_STATES, GPUJobsClient, GPUJobsError
 from ..model import (
     InvalidInput,
     parse_begin,
+    parse_cpus,
     parse_duration,
     parse_gpu_count,
+    parse_memory,
     parse_priority,
 )
 from . import cell_job
@@ -122,6 +124,11 @@ def job_options(args: Any) -> dict[str, Any]:
         if args.begin is not None:
             parse_begin(args.begin, time.time(), "--begin")
             body["begin"] = args.begin
+        if args.mem is not None:
+            parse_memory(args.mem, "--mem")
+            body["mem"] = args.mem
+        if args.cpus is not None:
+            body["cpus"] = parse_cpus(args.cpus, "--cpus")
     except InvalidInput as err:
         raise UsageError(str(err)) from None
     if args.when is not None:
@@ -283,6 +290,8 @@ def _job_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
                  help="environment variable of the job (repeat for more)"),
         argument("--when", default=None, help="'offpeak': start only in the off-peak hours"),
         argument("--begin", default=None, help="not before this time, e.g. 2026-12-24T20:00 or +2h"),
+        argument("--mem", default=None, help="host memory limit, e.g. 32G"),
+        argument("--cpus", default=None, help="CPU limit in cores, e.g. 8"),
     ]):
         func = decorator(func)
     return func

@@ -84,6 +84,8 @@ def _to_job(row: JobRow) -> Job:
         cwd=row.cwd,
         env=dict(row.env or {}),
         payload=dict(row.payload or {}),
+        mem_bytes=row.mem_bytes,
+        cpus=row.cpus,
         state=JobState(row.state),
         submitted_at=row.submitted_at,
         started_at=row.started_at,
@@ -102,7 +104,7 @@ def _to_job(row: JobRow) -> Job:
 _ROW_FIELDS = {
     "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
     "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
-    "array_max_running", "cwd", "env", "payload", "state", "submitted_at", "started_at", "ended_at",
+    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "state", "submitted_at", "started_at", "ended_at",
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
     "runner_handle", "log_path",
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -43,6 +43,8 @@ class JobRow(Base):
     cwd: Mapped[str | None] = mapped_column(Text, nullable=True)
     env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    mem_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cpus: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     state: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
     submitted_at: Mapped[float] = mapped_column(Float)
