@@ -96,7 +96,7 @@ def quota_to_dict(q: Quota | None) -> dict[str, Any] | None:
 
 
 def retention_seconds(value: Any, name: str = "c.GPUJobs.job_retention") -> int:
-    """A retention duration in seconds; `0` / `"0"` means keep forever (returned as 0)."""
+    """A duration in seconds that may be 0 (a retention: keep forever; a minimum: none)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
         return 0
     if isinstance(value, str) and re.fullmatch(r"0+(\.0+)?\s*[dhms]?", value.strip().lower()):
@@ -127,6 +127,9 @@ class GPUJobs(Configurable):
                        help="Time between SIGTERM and SIGKILL when a job is stopped at its limit or cancelled.")
     preempt_grace = Union([Integer(), Unicode()], default_value="30s", config=True,
                           help="Time a preempted job gets between SIGTERM and SIGKILL (GPUJOBS_PREEMPT_GRACE).")
+    preempt_min_runtime = Union([Integer(), Unicode()], default_value="1m", config=True,
+                                help="How long a job runs (each time it starts) before it may be preempted; "
+                                     "0: at once. Keeps a requeued job from being preempted again and again.")
     time_limit_warning = Union([Integer(), Unicode()], default_value="5m", config=True,
                                help="How long before its time limit a job gets a warning event.")
     user_max_running_jobs = Integer(None, allow_none=True, config=True, help="Running jobs per user (None: no limit).")
@@ -230,6 +233,14 @@ class GPUJobs(Configurable):
             raise TraitError(str(err)) from None
         return proposal["value"]
 
+    @validate("preempt_min_runtime")
+    def _check_preempt_min_runtime(self, proposal: Any) -> Any:
+        try:
+            retention_seconds(proposal["value"], "c.GPUJobs.preempt_min_runtime")
+        except InvalidInput as err:
+            raise TraitError(f"{err}; or 0 to let a job be preempted at once") from None
+        return proposal["value"]
+
     @validate("job_retention")
     def _check_job_retention(self, proposal: Any) -> Any:
         try:
@@ -312,6 +323,7 @@ class GPUJobs(Configurable):
             urgent_reserve_gpus=self.urgent_reserve_gpus,
             preemption=self.preemption,
             preempt_grace_s=self.seconds("preempt_grace"),
+            preempt_min_runtime_s=retention_seconds(self.preempt_min_runtime, "c.GPUJobs.preempt_min_runtime"),
             offpeak_windows=tuple(parse_offpeak(w) for w in self.offpeak_windows),
             utc_offset_s=-_time.timezone if not _time.daylight else -_time.altzone,
             use_predictions=self.use_predictions,

@@ -228,6 +228,9 @@ class GPU:
     utilization: float = 0.0  # percent, 0-100
     healthy: bool = True
     draining: bool = False
+    # in use outside the queue (e.g. "in use by a process outside the queue (7.6 GB, pid 1234,
+    # user bob)"): busy for the scheduler until released or an admin overrides; None: not
+    foreign: str | None = None
 
 
 @dataclass(frozen=True)
@@ -373,6 +376,9 @@ class Policy:
     # preemption
     preemption: bool = True
     preempt_grace_s: int = 30
+    # a running job is no victim before it ran this long (each run: a requeued job starts anew),
+    # so a job is never preempted again straight after it (re)started
+    preempt_min_runtime_s: int = 60
     # deferral
     offpeak_windows: tuple[OffpeakWindow, ...] = ()
     utc_offset_s: int = 0  # local time of the off-peak windows = UTC + offset
@@ -393,6 +399,17 @@ class Start:
     host: str
     gpus: tuple[int, ...]  # GPU indices on that host
     borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """GPUs being freed for a preemptor: the victims it preempted (those still running in
+    their grace) and when their grace ends. The scheduler keeps those GPUs for it and places
+    it before every other job until it starts."""
+
+    job_id: int  # the preemptor
+    victims: tuple[int, ...]  # its victims still running
+    until: float  # when their grace ends (epoch seconds)
 
 
 @dataclass(frozen=True)

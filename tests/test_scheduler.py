@@ -113,7 +113,7 @@ def test_fairshare_reorders_after_usage() -> None:
 def test_guarantee_reclaims_from_a_borrower_least_work_lost() -> None:
     pol = Policy(group_quotas={"vision": Quota(guaranteed_gpus=2)}, fairshare=False)
     running = [run(10, "h0", (0,), user="bob", started=NOW - 5000, borrowed=True),
-               run(11, "h0", (1,), user="bob", started=NOW - 50, borrowed=True)]
+               run(11, "h0", (1,), user="bob", started=NOW - 100, borrowed=True)]
     mine = job(42, user="carol", group="vision")
     plan = schedule(NOW, [mine], running, gpus(1, 2), pol)
     assert [(p.job_id, p.by_job_id) for p in plan.preemptions] == [(11, 42)]

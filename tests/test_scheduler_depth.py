@@ -113,9 +113,9 @@ def test_default_depth_changes_nothing_on_a_short_queue() -> None:
 def test_preemption_memo_still_lets_an_urgent_job_preempt() -> None:
     pol = replace(Policy(fairshare=False), reservation_depth=0)
     running = [Job(id=100, user="bob", gpus=1, state=JobState.RUNNING, host="h0", assigned_gpus=(0,),
-                   started_at=NOW - 10, time_limit_s=3600, priority="low", preemptible=True),
+                   started_at=NOW - 100, time_limit_s=3600, priority="low", preemptible=True),
                Job(id=101, user="bob", gpus=1, state=JobState.RUNNING, host="h0", assigned_gpus=(1,),
-                   started_at=NOW - 10, time_limit_s=3600, priority="low")]
+                   started_at=NOW - 100, time_limit_s=3600, priority="low")]
     # carol's 2-GPU urgent job cannot preempt (job 101 is not preemptible); her 1-GPU one can
     pending = [job(1, gpus=2, user="carol", priority="urgent"), job(2, gpus=1, user="carol", priority="urgent")]
     plan = schedule(NOW, pending, running, gpus(1, 2), pol)

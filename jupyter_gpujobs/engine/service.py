@@ -25,6 +25,7 @@ from typing import Any
 
 from ..model import (
     GPU,
+    Claim,
     InvalidInput,
     Job,
     JobState,
@@ -138,6 +139,12 @@ class JobService:
         self._inventory: list[GPU] = []
         self._inventory_at = 0.0
         self._terminating: set[int] = set()
+        # preemptor -> (its victims, when their grace ends, seen by a cycle with none running):
+        # the scheduler keeps the GPUs being freed for it (`model.Claim`)
+        self._claims: dict[int, tuple[set[int], float, bool]] = {}
+        # pending jobs the scheduler could not handle: id -> (what was wrong, the error). They
+        # wait with that reason, outside the cycle, until an admin cancels them (or a restart)
+        self.set_aside: dict[int, tuple[str, str]] = {}
         self._warned: set[int] = set()
         self._listeners: set[Listener] = set()
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
@@ -759,6 +766,10 @@ class JobService:
         now = self.clock()
         gpus = [g for g in self.inventory]
         pending = self._pending  # handed to schedule() as it is: it neither keeps nor changes it
+        if self.set_aside:
+            for job_id in [i for i in self.set_aside if i not in pending]:
+                del self.set_aside[job_id]
+            pending = {i: j for i, j in pending.items() if i not in self.set_aside}
         running = list(self._running.values())
         self._enforce_limits(running, now)
         self._account_usage(running, now)
@@ -771,11 +782,11 @@ class JobService:
         since = now - self._estimated_at
         estimate = since >= self.estimate_interval or (newest > self._estimated_newest and since >= 1.0)
         order = None if estimate else self._plan.queue_order
+        claims = self._current_claims(now)
         t_plan = time.perf_counter()
         gc.disable()  # a cycle makes only acyclic garbage; a collection now would scan the heap
         try:
-            plan = schedule(now, pending, running, gpus, self.current_policy(), self._usage, finished,
-                            estimate=estimate, order=order)
+            plan = self._schedule(now, pending, running, gpus, finished, estimate, order, claims)
         finally:
             gc.enable()
         self.schedule_seconds = time.perf_counter() - t_plan
@@ -792,6 +803,8 @@ class JobService:
             victim = self._running.get(p.job_id)
             if victim is None:  # no longer running
                 continue
+            victims, until, _ = self._claims.get(p.by_job_id, (set(), 0.0, False))
+            self._claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + self.policy.preempt_grace_s), False)
             if victim.kind in EXTERNAL_KINDS:
                 self._set_state(victim.id, JobState.CANCELLED, "scheduler", p.reason, expect=(JobState.RUNNING,))
             else:
@@ -805,6 +818,58 @@ class JobService:
         self.cycle_seconds.append(time.perf_counter() - t0)
         del self.cycle_seconds[:-200]
         return plan
+
+    #: A claim whose victims outlive their grace by this much (a process that does not die) is
+    #: dropped: its preemptor is then scheduled as any job, and may preempt others.
+    CLAIM_OVERDUE_S = 60.0
+
+    def _current_claims(self, now: float) -> list[Claim]:
+        """The claims of preemptors still pending, with their victims still running. A claim
+        whose victims have all stopped is handed to one cycle (which places its preemptor
+        first), then dropped."""
+        out: list[Claim] = []
+        for job_id, (victims, until, seen) in list(self._claims.items()):
+            left = tuple(v for v in victims if v in self._running)
+            if job_id not in self._pending or seen or (left and now > until + self.CLAIM_OVERDUE_S):
+                del self._claims[job_id]
+                continue
+            if not left:
+                self._claims[job_id] = (victims, until, True)
+            out.append(Claim(job_id, left, until))
+        return out
+
+    def _schedule(self, now: float, pending: dict[int, Job], running: list[Job], gpus: list[GPU],
+                  finished: dict[int, JobState], estimate: bool, order: Any, claims: list[Claim]) -> Plan:
+        """`schedule()`; when it raises, the pending job whose data it cannot handle is found,
+        set aside (`set_aside`, with a reason and a line in the log; the monitor tells the
+        admins) and the cycle plans without it, so one bad row never stops the queue."""
+        policy = self.current_policy()
+
+        def plan(jobs: dict[int, Job] | list[Job]) -> Plan:
+            return schedule(now, jobs, running, gpus, policy, self._usage, finished, estimate=estimate,
+                            order=order, claims=claims)
+
+        for _ in range(len(pending) + 1):
+            try:
+                return plan(pending)
+            except Exception as err:
+                bad = _culprit(list(pending.values()), plan)
+                if bad is None:  # not one pending job's doing (nothing to set aside)
+                    raise
+                self._set_aside(bad, err)
+                pending = {i: j for i, j in pending.items() if i != bad.id}
+        return plan(pending)
+
+    def _set_aside(self, job: Job, err: Exception) -> None:
+        what = _out_of_range(job) or f"{type(err).__name__}: {err}"[:200]
+        reason = f"set aside: the scheduler could not handle this job ({what}); an admin was told"
+        self.set_aside[job.id] = (what, f"{type(err).__name__}: {err}"[:500])
+        log.error("gpujobs: job %s of %s is set aside: the scheduler could not handle it (%s)", job.id, job.user,
+                  what, exc_info=err)
+        self._pending[job.id] = job = job.replace(reason=reason)
+        self.store.update_job(job.id, reason=reason)
+        self._publish(job, {"job_id": job.id, "time": self.clock(), "state": "PENDING", "actor": "scheduler",
+                            "reason": reason})
 
     def current_policy(self) -> Policy:
         if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
@@ -900,6 +965,46 @@ class JobService:
             self._handles[job.id] = handle
         self._publish(started, {"job_id": job.id, "time": now, "state": "RUNNING", "actor": "scheduler",
                                 "reason": reason})
+
+
+def _culprit(jobs: list[Job], plan: Callable[[list[Job]], Plan]) -> Job | None:
+    """The one job of `jobs` without which `plan` (which raised with all of them) does not
+    raise, found by halving; None when `plan` raises without any of them."""
+    def fails(part: list[Job]) -> bool:
+        try:
+            plan(part)
+        except Exception:
+            return True
+        return False
+
+    if fails([]):
+        return None
+    while len(jobs) > 1:
+        half = len(jobs) // 2
+        if fails(jobs[:half]):
+            jobs = jobs[:half]
+        elif fails(jobs[half:]):
+            jobs = jobs[half:]
+        else:  # only together (rare): the first that fails alone
+            return next((j for j in jobs if fails([j])), None)
+    return jobs[0] if jobs and fails(jobs) else None
+
+
+def _out_of_range(job: Job) -> str | None:
+    """What in a job is out of the range the scheduler handles (as stored by an older
+    version, or written to the store by other means), if that is what is wrong with it."""
+    def bad_time(t: float | None) -> bool:
+        return t is not None and not (-1e11 < t < 1e11)  # about year -1200 to 5100, and not NaN
+
+    if bad_time(job.begin):
+        return "begin time out of range"
+    if bad_time(job.submitted_at):
+        return "submit time out of range"
+    if job.time_limit_s is not None and not (0 < job.time_limit_s < 1e9):
+        return "time limit out of range"
+    if not isinstance(job.gpus, int) or job.gpus < 0:
+        return "GPU count out of range"
+    return None
 
 
 def _format_bytes(n: int) -> str:

@@ -343,6 +343,7 @@ class Monitor:
         self._idle_hogs(now, running)
         self._gpu_errors(now)
         self._rogues(now, running)
+        self._set_aside(now)
         self.last_tick_cpu_s = time.process_time() - cpu0
 
     def _idle_hogs(self, now: float, running: list[Job]) -> None:
@@ -405,6 +406,21 @@ class Monitor:
             self.report(finding, now, action=action)
         self.killer.forget_missing({(p.pid, p.create_time or 0.0) for p in infos})
         self._resolve_missing("rogue_process", keys, now)
+
+    def _set_aside(self, now: float) -> None:
+        """Jobs the scheduler could not handle and set aside (`JobService.set_aside`): one
+        finding each while they wait, for the admins to cancel or correct them."""
+        keys = set()
+        for job_id, (what, error) in list(self.service.set_aside.items()):
+            job = self.service.active_job(job_id)
+            user = job.user if job is not None else None
+            message = (f"job {job_id} of {user} is set aside: the scheduler could not handle it ({what}; {error}); "
+                       "the other jobs are scheduled. Cancel it, or correct its row in the store and restart")
+            finding = Finding("job_set_aside", f"set-aside:{job_id}", message, "error", job_id=job_id, user=user,
+                              data={"what": what, "error": error})
+            keys.add(finding.key)
+            self.report(finding, now)
+        self._resolve_missing("job_set_aside", keys, now)
 
     # ================================================================= findings
 

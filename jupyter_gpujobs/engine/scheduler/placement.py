@@ -33,7 +33,7 @@ INF = float("inf")
 class View:
     """The pools a GPU-type constraint allows, with, for each k, the k-th earliest avail per pool."""
 
-    __slots__ = ("pids", "kth", "free_pids", "max_size", "label")
+    __slots__ = ("pids", "kth", "free_pids", "max_size", "label", "note")
 
     def __init__(self, pids: list[int], sizes: list[int], label: str):
         self.pids = pids
@@ -41,6 +41,7 @@ class View:
         self.kth: list[list[float]] = [[] for _ in range(self.max_size + 1)]
         self.free_pids: set[int] = set()
         self.label = label
+        self.note = ""  # its GPUs in use outside the queue, for waiting reasons
 
 
 class Cluster:
@@ -53,6 +54,7 @@ class Cluster:
         self.pool_host: list[str] = []
         self.pool_name: list[str] = []
         members: list[list[int]] = []
+        foreign: list[tuple[int, GPU]] = []  # (pool, GPU) of GPUs in use outside the queue
         for g in gpus:
             if not g.healthy or g.draining:
                 continue
@@ -64,6 +66,8 @@ class Cluster:
                 self.pool_name.append(g.name)
                 members.append([])
             members[p].append(g.index)
+            if g.foreign:
+                foreign.append((p, g))
         self.by_host_index = {(self.pool_host[p], i): p for p, idx in enumerate(members) for i in idx}
         self.total = sum(len(m) for m in members)
         busy: dict[tuple[str, int], float] = {}
@@ -73,6 +77,14 @@ class Cluster:
             end = max(ends[j.id], now)
             for i in j.assigned_gpus:
                 busy[(j.host, i)] = end
+        # a GPU in use outside the queue is busy with no known end (until it is released)
+        self.foreign_text: dict[int, list[str]] = {}
+        one_host = len(set(self.pool_host)) <= 1
+        for p, g in foreign:
+            if (g.host, g.index) not in busy:
+                busy[(g.host, g.index)] = INF
+                where = f"GPU {g.index}" if one_host else f"GPU {g.index} on {g.host}"
+                self.foreign_text.setdefault(p, []).append(f"{where} is {g.foreign}")
         self.avail: list[list[tuple[float, int]]] = []
         self.free: list[set[int]] = []
         self.hole: list[dict[int, float]] = []
@@ -96,6 +108,8 @@ class Cluster:
         pids = [p for p, name in enumerate(self.pool_name) if matches[name]]
         v = View(pids, self.sizes, f"{gpu_type} GPUs" if gpu_type else "GPUs")
         v.label = gpu_type if gpu_type else "GPUs"
+        if self.foreign_text:
+            v.note = "; ".join(t for p in pids for t in self.foreign_text.get(p, ()))
         for pos, p in enumerate(pids):
             self.memberships[p].append((v, pos))
             if self.free[p]:

@@ -23,7 +23,7 @@ from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress, islice
 from operator import attrgetter, itemgetter
 
-from ...model import GPU, Job, JobState, Plan, Policy, Preemption, Start
+from ...model import GPU, Claim, Job, JobState, Plan, Policy, Preemption, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
@@ -35,7 +35,7 @@ from .quotas import Limit, Quotas
 def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Sequence[Job], gpus: Sequence[GPU],
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
              finished: Mapping[int, JobState] | None = None, estimate: bool = True,
-             order: QueueOrder | None = None) -> Plan:
+             order: QueueOrder | None = None, claims: Sequence[Claim] = ()) -> Plan:
     """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
 
     With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
@@ -50,11 +50,17 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
 
     `pending` may be a mapping of the jobs by id, as a caller that keeps one (the server, the
     simulator) has them: the cycle then reads it, instead of building its own of a deep queue
-    (8 % of a deciding cycle's instructions at 10k jobs). It is not changed, nor kept."""
+    (8 % of a deciding cycle's instructions at 10k jobs). It is not changed, nor kept.
+
+    `claims`: the preemptors whose victims were told to stop in earlier cycles (`Claim`). A
+    claimant is placed before every other job; while its victims run out their grace it
+    waits for them, booked on their GPUs, and preempts nobody else; they are no victims of
+    anyone else."""
     by_id = pending if isinstance(pending, Mapping) else dict(zip(map(_id, pending), pending))
     cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id)
     cycle.estimate = estimate
     cycle.order = order
+    cycle.claims = claims
     return cycle.run(as_usage(usage))
 
 
@@ -123,6 +129,7 @@ _class_limit = itemgetter(5)  # the time limit in a `job_class`
 class _Cycle:
     estimate = True  # book the jobs past the reservation depth for their expected start
     order: QueueOrder | None = None  # a kept priority order, else calculated
+    claims: Sequence[Claim] = ()  # preemptors waiting for their victims (placed first)
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
                  finished: Mapping[int, JobState], pending: Mapping[int, Job]):
@@ -150,6 +157,7 @@ class _Cycle:
             cap = max(0, self.cluster.total - policy.urgent_reserve_gpus)
             self.reserve_limit = Limit(cap, f"the last {policy.urgent_reserve_gpus} GPUs are kept for urgent jobs")
         self.victims: set[int] = set()
+        self.first: set[int] = set()  # the claimants, placed before the walk
         self.candidates: dict[int, list[Job]] | None = None
         self.victim_index: dict[str | None, VictimIndex] = {}  # by GPU type, while no job is preempted
         self._limit_s: dict[int, float] = {}
@@ -311,12 +319,24 @@ class _Cycle:
         self.pred_last = now
         reasons = plan.reasons
         self.offpeak_now = offpeak_now
+        # preemptors first: the GPUs freed for them are theirs (a victim requeued meanwhile
+        # must not take them back), and they preempt nobody else while their victims stop
+        first = self.first
+        for c in self.claims:
+            j = by_id.get(c.job_id)
+            if j is None or j.id in waiting_dep or j.id in first:
+                continue
+            first.add(j.id)
+            if not self._hold_claim(j, c):
+                self._place_now(j)
         for n, j in enumerate(ordered):
             if self.reserved_n >= self.depth:
                 self._walk_deep(ordered, classes, n, waiting_dep, later)
                 break
             if j.id in waiting_dep:
                 later.append(j)
+                continue
+            if first and j.id in first:
                 continue
             self._place_now(j)
         # dependency waiters, from their targets' expected ends
@@ -451,8 +471,12 @@ class _Cycle:
             if policy.preemption and self._try_preempt(j, k, limit, view):
                 return
             why = self._waiting_reason(view, k, j.gpu_type)
-        elif why is None:
-            why = blocked.reason if blocked is not None else "waiting"
+        else:
+            if (blocked is not None and blocked is self.reserve_limit and floor <= now and view is not None
+                    and policy.preemption and self._try_preempt(j, k, limit, view, blocked.cap - blocked.now_used)):
+                return  # the reserve is full: a guarantee is honoured by borrowers' GPUs, not the reserve's
+            if why is None:
+                why = blocked.reason if blocked is not None else "waiting"
         if not self.estimate and self.reserved_n >= self.depth:
             reasons[jid] = why  # past the depth, estimates are left to an estimating cycle
             if k > 0:  # the jobs named in later reasons, as an estimating cycle names them
@@ -528,9 +552,12 @@ class _Cycle:
         single_of: dict[str | None, list[float] | None] = {}
         pred = self.pred
         stale = False  # a start, preemption or newly named job may have changed a decision
+        placed = self.first
         for j, c in zip(islice(ordered, first, None), islice(classes, first, None)):
             if waiting_dep and j.id in waiting_dep:
                 later.append(j)
+                continue
+            if placed and j.id in placed:
                 continue
             if stale:
                 stale = False
@@ -626,10 +653,13 @@ class _Cycle:
             return None
         rest = list(compress(range(first, len(classes)), map(special.__contains__, cls)))
         found: dict[int, str] = {}  # special classes decided below, for their own later jobs
+        placed = self.first
         for n in rest:
             j = ordered[n]
             if waiting_dep and j.id in waiting_dep:
                 later.append(j)
+                continue
+            if placed and j.id in placed:
                 continue
             c = classes[n]
             why = found.get(c)
@@ -737,6 +767,8 @@ class _Cycle:
         `_bulk_family`, which differ only in what they remember."""
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
+                if lim is self.reserve_limit and may_preempt and self._victim_index_for(j, k, view) is not None:
+                    return None  # (the reserve is the last limit) it may preempt a borrower
                 return (lim.reason, False)
         if low == INF:
             return None  # it may start now, whatever its limit
@@ -861,6 +893,8 @@ class _Cycle:
                 why = f"behind job {self.top_reserved} (reserved)"
             else:
                 why = f"waiting for {k} free {view.label if k > 1 or view.label != 'GPUs' else 'GPU'}"
+                if view.note:  # GPUs in use outside the queue
+                    why += f"; {view.note}"
             self.reason_cache[key] = why
         return why
 
@@ -908,8 +942,12 @@ class _Cycle:
         cl = self.cluster
         if self.candidates is None:
             self.candidates = {}
+            going = {v for c in self.claims for v in c.victims}  # stopping for their preemptors
+            young = self.now - self.policy.preempt_min_runtime_s  # started after it: too young
             for r in self.running:
                 if not (r.borrowed or r.preemptible) or r.host is None or not r.assigned_gpus:
+                    continue
+                if r.id in going or (r.started_at is not None and r.started_at > young):
                     continue
                 p = cl.by_host_index.get((r.host, r.assigned_gpus[0]))
                 if p is not None:
@@ -952,7 +990,9 @@ class _Cycle:
             return None
         return index
 
-    def _try_preempt(self, j: Job, k: int, limit: float, view: View) -> bool:
+    def _try_preempt(self, j: Job, k: int, limit: float, view: View, free_cap: int | None = None) -> bool:
+        """Preempt for a job with the right to; `free_cap`: how many free GPUs it may use
+        besides its victims' (None: all; the urgent reserve's room when the reserve is full)."""
         index = self._victim_index_for(j, k, view)
         if index is None:
             return False
@@ -962,28 +1002,57 @@ class _Cycle:
         pids = set(view.pids)
         cands = {p: js for p, js in self.candidates.items() if p in pids and js}
         free_usable = {p: sum(1 for i in cl.free[p] if i not in cl.hole[p]) for p in cands}
+        if free_cap is not None:
+            free_usable = {p: min(n, max(0, free_cap)) for p, n in free_usable.items()}
         chosen = choose_victims(self.now, j, k, cands, free_usable, urgent)
         if chosen is None:
             self._no_victims(j, k, index)
             return False
         p, victims = chosen
-        why = "urgent" if urgent else f"guarantee of {self._guarantee_owner(j, k)}"
+        why = self._claim_guarantee(j, k)
         for v in victims:
             self.plan.preemptions.append(Preemption(v.id, j.id, f"preempted by job {j.id} ({why})"))
             self.victims.add(v.id)
             self.candidates[p].remove(v)
         self.victim_index.clear()
-        if not urgent:
-            key = j.user if why == f"guarantee of user {j.user}" else "group:" + (j.group or "")
-            self.claimed[key] = self.claimed.get(key, 0) + k
-        gpus = [i for v in victims for i in v.assigned_gpus]
+        self._hold(j, k, limit, p, victims, self.now + self.policy.preempt_grace_s)
+        return True
+
+    def _claim_guarantee(self, j: Job, k: int) -> str:
+        """Why `j` may preempt ("urgent", "guarantee of user alice"); a guarantee's GPUs are
+        claimed for it, so that the next job of its owner asks for the rest only."""
+        if j.priority == "urgent":
+            return "urgent"
+        why = f"guarantee of {self._guarantee_owner(j, k)}"
+        key = j.user if why == f"guarantee of user {j.user}" else "group:" + (j.group or "")
+        self.claimed[key] = self.claimed.get(key, 0) + k
+        return why
+
+    def _hold(self, j: Job, k: int, limit: float, p: int, victims: Sequence[Job], start: float) -> None:
+        """Book `j` from `start` on pool p: on its victims' GPUs, and free ones for the rest."""
+        cl = self.cluster
+        gpus = [i for v in victims if v.host == cl.pool_host[p] for i in v.assigned_gpus]
         need = k - len(gpus)
         if need > 0:
-            gpus += sorted(i for i in cl.free[p] if i not in cl.hole[p])[:need]
-        start = self.now + self.policy.preempt_grace_s
+            gpus += sorted(i for i in cl.free[p] if i not in cl.hole[p] and i not in gpus)[:need]
         cl.reserve_on(p, gpus[:k], limit, start)
         self._cluster_changed()
         self._book(j, self._limits_of(j), start, start + limit)
         self.plan.reasons[j.id] = victims_text(victims)
         self.expected[j.id] = start
+
+    def _hold_claim(self, j: Job, c: Claim) -> bool:
+        """A claimant whose victims still run waits for them on their GPUs; False when none
+        runs any more (it is then placed as any job, first)."""
+        cl = self.cluster
+        going = set(c.victims)
+        victims = [r for r in self.running if r.id in going and r.host is not None and r.assigned_gpus]
+        p = cl.by_host_index.get((victims[0].host, victims[0].assigned_gpus[0])) if victims else None
+        if p is None or j.gpus <= 0:
+            return False
+        limit = float(j.time_limit_s or self.default_limit)
+        self._limit_s[j.id] = limit
+        if j.priority != "urgent" and self.quotas.any_guarantee and self._within_guarantee(j, j.gpus):
+            self._claim_guarantee(j, j.gpus)
+        self._hold(j, j.gpus, limit, p, victims, max(self.now, c.until))
         return True
