@@ -1,5 +1,6 @@
 """Preemption on a live server: a borrowed job is reclaimed by a job within its owner's
-guarantee, receives SIGTERM, is requeued with its history, and later completes."""
+guarantee, receives SIGTERM, is requeued with its history, and later completes; victims that
+ignore SIGTERM are stopped once, and the GPUs they free go to their preemptor."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def test_borrowed_job_is_preempted_and_requeued(live_server: Any, tmp_path: Path
     users = {"tok-alice": "alice", "tok-bob": "bob"}
     server = live_server(
         fake_gpus="2xA100",
-        config={"user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}})},
+        config={"user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
+                "preempt_min_runtime": 0},
         extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
                     f"--TokenUsers.users={json.dumps(users)}"],
         start=False,
@@ -82,3 +84,57 @@ def test_borrowed_job_is_preempted_and_requeued(live_server: Any, tmp_path: Path
     assert states == ["PENDING", "RUNNING", "PENDING", "RUNNING", "COMPLETED"]
     why = [e for e in events if e["state"] == "PENDING"][1]["reason"]
     assert why.startswith(f"preempted by job {mine['id']}"), why
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: print('ignoring SIGTERM', flush=True))
+marker = sys.argv[1]
+first = not os.path.exists(marker)
+open(marker, 'a').write('x')
+print('run', flush=True)
+time.sleep(60 if first else 4)
+"""
+
+
+def _servers_with_users(live_server: Any, config: dict[str, Any]) -> tuple[Any, GPUJobsClient, GPUJobsClient]:
+    users = {"tok-alice": "alice", "tok-bob": "bob"}
+    server = live_server(fake_gpus="2xA100", config=config, start=False,
+                         extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
+                                     f"--TokenUsers.users={json.dumps(users)}"])
+    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
+    if "preempt_grace" in config:  # instead of the test servers' 1 s
+        server.args.remove("--GPUJobs.preempt_grace=1")
+    server.token = "tok-bob"
+    server.start()
+    return server, GPUJobsClient(url=server.url, token="tok-alice"), GPUJobsClient(url=server.url, token="tok-bob")
+
+
+def test_victims_that_ignore_sigterm_are_stopped_once_and_their_gpus_go_to_the_preemptor(
+        live_server: Any, tmp_path: Path) -> None:
+    """No ping-pong: bob's borrowed jobs ignore SIGTERM and are older than alice's job, so in
+    queue order (by age alone) they come first when requeued. Alice's job must still start
+    once their grace is over (not after they restart and are preempted again), and each of
+    them restarts once, after her job."""
+    grace = 3
+    _, alice, bob = _servers_with_users(live_server, {
+        "user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
+        "fairshare": False, "weight_size": 0, "preempt_grace": grace, "preempt_min_runtime": 0})
+    victims = [bob.submit([PY, "-c", STUBBORN, str(tmp_path / f"marker{i}")], gpus=1, name=f"borrower{i}")["id"]
+               for i in range(2)]
+    for v in victims:
+        assert _wait(bob, v, lambda j: j["state"] == "RUNNING")["borrowed"] is True
+        _wait(bob, v, lambda j: "run" in bob.log(j["id"])["data"])
+
+    mine = alice.submit([PY, "-c", "import time; time.sleep(3)"], gpus=2, name="guaranteed")["id"]
+    started = _wait(alice, mine, lambda j: j["state"] != "PENDING", timeout=60)
+    waited = started["started_at"] - started["submitted_at"]
+    assert grace - 0.5 <= waited <= grace + 5, f"the preemptor waited {waited:.1f}s for a {grace}s grace"
+    assert started["state"] in ("RUNNING", "COMPLETED")
+
+    for v in victims:
+        done = _wait(bob, v, lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=60)
+        assert done["state"] == "COMPLETED" and done["restarts"] == 1, done
+        runs = [e for e in bob.events(v) if e["state"] == "RUNNING"]
+        assert len(runs) == 2 and runs[1]["time"] >= started["started_at"], "restarted after the preemptor"
+    assert alice.job(mine)["state"] == "COMPLETED"
