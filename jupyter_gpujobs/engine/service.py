@@ -40,6 +40,7 @@ from .runners.cgroups import FENCE_OFF
 from .runners.users import NotAUnixUser, can_enter, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
+from .scheduler.quotas import Quotas
 from .store import GPUAlreadyAllocated, NewJobs, Store
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -513,6 +514,10 @@ class JobService:
         group = fields["group"]
         if group and self.group_members and user not in self.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
+        never = Quotas(self.current_policy()).never_starts(
+            user, group, fields["gpus"], fields["time_limit_s"], fields["priority"] == "urgent", len(self.inventory))
+        if never is not None:
+            raise InvalidInput(*never)
         for dep in fields["depends"]:
             if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
