@@ -168,6 +168,10 @@ class GPUJobs(Configurable):
                              "its supervisor stays the engine's): 'auto' when the engine runs as root and "
                              "the owner is a Unix user here; 'always' (refuse jobs of owners who are not "
                              "Unix users here); 'never' (every job runs as the engine's user).")
+    job_python = Unicode("", config=True,
+                         help="The Python that runs notebook jobs (with jupyter-gpujobs, nbclient and a kernel "
+                              "installed). Empty: the engine's own. An engine that runs jobs as their owners "
+                              "needs one every user can run, e.g. a venv outside root's home.")
     cgroups = Enum(["auto", "off"], default_value="auto", config=True,
                    help="Confine each job in its own cgroup (its whole process tree, a device fence "
                         "on its GPUs, --mem/--cpus limits): 'auto' where the host lets the engine write "

@@ -199,3 +199,47 @@ def test_mem_limit_is_refused_where_it_cannot_be_enforced(live_server: Any) -> N
     with pytest.raises(GPUJobsError) as err:
         server.client().submit(["/bin/true"], gpus=0, mem="1G")
     assert "cannot enforce a --mem limit" in str(err.value)
+
+
+VENV_PYTHON = Path(os.environ.get("GPUJOBS_TEST_VENV", "/opt/gpujobs-test")) / "bin" / "python"
+
+
+def test_notebook_job_reads_and_writes_with_its_owners_rights_only(live_server: Any) -> None:
+    """A notebook job of u1 runs as u1: its output is u1's and private; u2's notebook (in u2's
+    private home) cannot be read by it even though the engine, root, could."""
+    if not VENV_PYTHON.exists():  # a Python every user can run, with this package
+        subprocess.run([str(ROOT / "scripts" / "install-multiuser.sh")], check=True)
+    import nbformat
+
+    server = _two_user_server(live_server, job_python=str(VENV_PYTHON))
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    folders = []
+    for user in (U1, U2):
+        entry = pwd.getpwnam(user)
+        folder = Path(entry.pw_dir) / f"nb-{os.getpid()}-{time.monotonic_ns()}"
+        folder.mkdir()
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+            "import os, pwd; print('ran as', pwd.getpwuid(os.getuid()).pw_name)")])
+        nbformat.write(nb, str(folder / "in.ipynb"))
+        os.chmod(folder / "in.ipynb", 0o600)
+        for path in (folder, folder / "in.ipynb"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        folders.append(folder)
+    mine, theirs = folders
+    try:
+        job = u1.submit_notebook(str(mine / "in.ipynb"), gpus=0, cwd=str(mine))
+        done = _wait(u1, job["id"], ENDED, timeout=120)
+        assert done["state"] == "COMPLETED", (done["reason"], u1.log(job["id"])["data"][-2000:])
+        out = mine / f"in-job{job['id']}.ipynb"
+        assert f"ran as {U1}" in out.read_text()
+        st = out.stat()
+        assert pwd.getpwuid(st.st_uid).pw_name == U1 and st.st_mode & 0o077 == 0
+
+        stolen = u1.submit_notebook(str(theirs / "in.ipynb"), gpus=0, cwd="/tmp")
+        failed = _wait(u1, stolen["id"], ENDED, timeout=120)
+        assert failed["state"] == "FAILED"
+        assert "Permission denied" in u1.log(stolen["id"])["data"]
+        assert not list(theirs.glob("in-job*.ipynb"))
+    finally:
+        for folder in folders:
+            subprocess.run(["rm", "-rf", str(folder)], check=False)

@@ -101,6 +101,7 @@ class JobService:
         job_retention_s: int = 0,
         cleanup_interval: float = 300.0,
         run_as_owner: str = "auto",
+        job_python: str = "",
         clock: Callable[[], float] = time.time,
     ):
         self.store = store
@@ -120,6 +121,7 @@ class JobService:
         self.job_retention_s = job_retention_s  # 0: the files of ended jobs are kept forever
         self.cleanup_interval = cleanup_interval
         self.run_as_owner = run_as_owner  # users.run_as: run each job as its owner's Unix user
+        self.job_python = job_python  # the Python of notebook jobs ("": the engine's)
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
 
@@ -593,7 +595,7 @@ class JobService:
             from ..notebook.notebooks import notebook_command
 
             for i, job in enumerate(jobs):
-                command, payload = notebook_command(job, self.root_dir)
+                command, payload = notebook_command(job, self.root_dir, self.job_python or None)
                 self.store.update_job(job.id, command=command, payload=payload)
                 jobs[i] = replace(job, command=command, payload=payload)
         for job in jobs:

@@ -77,6 +77,7 @@ class GPUJobsApp(ExtensionApp):
             job_retention_s=retention_seconds(cfg.job_retention),
             cleanup_interval=cfg.job_cleanup_interval,
             run_as_owner=cfg.run_as_owner,
+            job_python=cfg.job_python,
         )
         from ..engine.monitor import Monitor, MonitorSettings
 

@@ -137,12 +137,13 @@ def output_path(job: Job, root_dir: Path) -> Path:
     return out
 
 
-def notebook_command(job: Job, root_dir: Path) -> tuple[list[str], dict[str, Any]]:
+def notebook_command(job: Job, root_dir: Path, python: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """The command of a notebook job and its payload with `output` filled in (relative to
-    `root_dir` when inside it, as the lab UI opens it by that path)."""
+    `root_dir` when inside it, as the lab UI opens it by that path). `python`: the interpreter
+    that runs it (default: the engine's own; jobs run as their owners need one they can run)."""
     payload = dict(job.payload)
     out = output_path(job, root_dir)
-    command = [sys.executable, "-m", "jupyter_gpujobs.notebook.notebooks", "run", str(payload["notebook"]),
+    command = [python or sys.executable, "-m", "jupyter_gpujobs.notebook.notebooks", "run", str(payload["notebook"]),
                "--output", str(out)]
     if payload.get("parameters"):
         command += ["--parameters", json.dumps(payload["parameters"])]
