@@ -119,6 +119,10 @@ class GPUJobs(Configurable):
         help="Fake GPUs for demos and machines without GPUs, e.g. '4xA100-80GB,2xT4'. "
         "Also read from the environment variable GPUJOBS_FAKE_GPUS.",
     )
+    runner = Unicode("local", config=True,
+                     help="How jobs run: 'local' (on this machine, scheduled by the engine) or 'slurm' (handed "
+                          "to a Slurm cluster, which schedules them; settings in c.Slurm, see docs/slurm.md). "
+                          "Other names come from the entry point group jupyter_gpujobs.runners.")
     default_time_limit = Union([Integer(), Unicode()], default_value="1h", config=True,
                                help="Time limit of a job that gives none (e.g. '1h', 3600).")
     max_time_limit = Union([Integer(), Unicode()], default_value="7d", config=True,
@@ -285,6 +289,15 @@ class GPUJobs(Configurable):
     def _check_sample_interval(self, proposal: Any) -> Any:
         if proposal["value"] <= 0:
             raise TraitError(f"c.GPUJobs.sample_interval: must be positive, got {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("runner")
+    def _check_runner(self, proposal: Any) -> Any:
+        from .engine.runners import runner_names
+
+        if proposal["value"] not in runner_names():
+            raise TraitError(f"c.GPUJobs.runner: no runner named {proposal['value']!r}; "
+                             f"there are {', '.join(runner_names())}")
         return proposal["value"]
 
     @validate("user_identity")
