@@ -84,12 +84,21 @@ def format_queue(jobs: list[dict[str, Any]], now: float) -> str:
 
 
 def format_gpus(gpus: list[dict[str, Any]]) -> str:
+    """The GPUs and their holders; grouped by node (a NODE column) on a cluster (Slurm)."""
+    cluster = len({g.get("host") for g in gpus}) > 1 or any("slurm_job_id" in g for g in gpus)
     rows = []
-    for g in gpus:
+    for g in sorted(gpus, key=lambda g: (str(g.get("host")), g["index"])) if cluster else gpus:
         mem = f"{g['memory_used_mb'] / 1024:.1f}/{g['memory_total_mb'] / 1024:.0f} GiB"
-        holder = f"job {g['job_id']} ({g['user']})" if g.get("job_id") else "free"
-        rows.append([str(g["index"]), g["name"], f"{g['utilization']:.0f}%", mem, holder])
-    return _table(rows, ["GPU", "MODEL", "UTIL", "MEMORY", "HELD BY"])
+        if g.get("job_id"):
+            holder = f"job {g['job_id']} ({g['user']})"
+        elif g.get("slurm_job_id"):
+            holder = f"Slurm job {g['slurm_job_id']} ({g.get('user') or '?'})"
+        else:
+            holder = "free"
+        row = [str(g["index"]), g["name"], f"{g['utilization']:.0f}%", mem, holder]
+        rows.append([str(g.get("host")), *row] if cluster else row)
+    head = ["GPU", "MODEL", "UTIL", "MEMORY", "HELD BY"]
+    return _table(rows, ["NODE", *head] if cluster else head)
 
 
 def _env_pairs(pairs: Sequence[str], what: str) -> dict[str, str]:

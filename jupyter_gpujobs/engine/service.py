@@ -165,6 +165,12 @@ class JobService:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         # jobs' logs are private, and no job may plant a file (a link) where the next log goes
         os.chmod(self.state_dir / "logs", 0o700)
+        # a runner that schedules itself (Slurm): the engine mirrors it instead of scheduling
+        self.mirror: Any = None
+        if getattr(runner, "schedules_itself", False):
+            from .mirror import Mirror
+
+            self.mirror = Mirror(self, runner)  # type: ignore[arg-type]
 
     # ================================================================= life cycle
 
@@ -173,6 +179,14 @@ class JobService:
         if self._tasks:
             return
         self.refresh_inventory(force=True)
+        if self.mirror is not None:
+            self.mirror.reconcile()
+            self._wake = asyncio.Event()
+            self._tasks = [asyncio.ensure_future(self.mirror.loop())]
+            if self.job_retention_s > 0:
+                self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+            self.wake()
+            return
         self._load_usage()
         self.reconcile()
         self._wake = asyncio.Event()
@@ -400,6 +414,8 @@ class JobService:
         return iso.limits() if iso is not None and iso.enabled else (False, False)
 
     def gpu_views(self) -> list[dict[str, Any]]:
+        if self.mirror is not None:
+            return self.mirror.gpu_views(self.inventory)
         holders: dict[tuple[str, int], Job] = {}
         for job in self._running.values():
             if job.host:
@@ -513,6 +529,9 @@ class JobService:
         """A submission checked and turned into the rows to store; raises InvalidInput."""
         now = self.clock()
         fields = validate_submission(body, self.inventory, self.policy, now)
+        if self.mirror is not None and fields["kind"] in EXTERNAL_KINDS:
+            raise InvalidInput("kind", "GPU kernels do not run under the Slurm runner yet; "
+                                       "run the notebook as a job or use a kernel on a local engine")
         group = fields["group"]
         if group and self.group_members and user not in self.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
@@ -615,6 +634,8 @@ class JobService:
         self.check_owner(job, user)
         if job.state.is_final:
             return job
+        if self.mirror is not None:
+            return await self.mirror.cancel(job, user, wait_s)
         reason = f"cancelled by {user}"
         if job.state is JobState.PENDING or job.kind in EXTERNAL_KINDS:
             return self._set_state(job.id, JobState.CANCELLED, user, reason,

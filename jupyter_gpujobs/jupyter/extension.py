@@ -17,7 +17,7 @@ from traitlets import Any, Instance
 from ..config import GPUJobs, retention_seconds
 from ..engine.api.handlers import HANDLERS
 from ..engine.gpus import make_backend
-from ..engine.runners import LocalRunner
+from ..engine.runners import make_runner
 from ..engine.service import JobService
 from ..engine.store import Store, default_url
 
@@ -41,10 +41,22 @@ class GPUJobsApp(ExtensionApp):
         store.migrate()
         # fake GPUs of this server (named after its state dir, so the same across restarts)
         fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
-        device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
-        backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet, device_dir=device_dir)
-        runner = LocalRunner(data_dir / "run", cgroups_mode=cfg.cgroups)
+        try:
+            runner = make_runner(cfg.runner, data_dir / "run", parent=cfg)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        if getattr(runner, "schedules_itself", False):
+            from ..engine.runners.slurm import SlurmGPUs, ignored_settings
+
+            backend = SlurmGPUs(runner)  # the cluster's GPUs, as its scheduler sees them
+            ignored = ignored_settings(cfg)
+            if ignored:
+                self.log.warning("gpujobs: under the %s runner these c.GPUJobs settings are ignored "
+                                 "(its scheduler decides; see docs/slurm.md): %s", cfg.runner, ", ".join(ignored))
+        else:
+            # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
+            device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
+            backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet, device_dir=device_dir)
 
         unix_user = getpass.getuser()
         identity = cfg.user_identity

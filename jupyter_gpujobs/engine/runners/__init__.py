@@ -5,7 +5,8 @@ supervises each run with a shim process on this machine (see local.py and shim.p
 
 Runners are chosen by name (`c.GPUJobs.runner`) from the entry point group
 `jupyter_gpujobs.runners`, so a site can add its own: each entry point is a factory
-`make(state_dir: Path, parent: Configurable | None) -> Runner`. `make_runner(name, ...)` loads
+`make(state_dir: Path, parent: Configurable | None) -> Runner`, where parent is the
+`c.GPUJobs` settings (a runner's own settings class reads its section of the same config). `make_runner(name, ...)` loads
 one; "local" and "slurm" are known even where the package's metadata is not installed.
 
 This package must stay light: the shim imports it on every job start.
@@ -55,10 +56,11 @@ def make_runner(name: str, state_dir: Path, parent: Any = None) -> Any:
 
 
 def make_local_runner(state_dir: Path, parent: Any = None) -> Any:
-    """The `local` entry point: jobs run on this machine under a supervisor each."""
+    """The `local` entry point: jobs run on this machine under a supervisor each (in a cgroup
+    per `c.GPUJobs.cgroups` when `parent` is the GPUJobs settings)."""
     from .local import LocalRunner
 
-    return LocalRunner(state_dir)
+    return LocalRunner(state_dir, cgroups_mode=getattr(parent, "cgroups", "auto"))
 
 
 def __getattr__(name: str) -> Any:

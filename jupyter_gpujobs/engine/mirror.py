@@ -1,0 +1,269 @@
+"""Mirror mode: the engine under a runner that schedules itself (Slurm). The service asks its
+runner (`schedules_itself`); when it does, this loop replaces the scheduling cycle and the
+supervisor polling. Every `poll_interval` (and right after a burst of submissions) it
+
+- hands each pending job that has no handle yet to the runner (the tasks of an array in one
+  submission; dependencies named by the runner's ids; a dependency that can no longer be met
+  cancels the job as the engine's own scheduler would);
+- reads every handed-over job's state with one runner call and records what changed: the
+  start (node, GPU indices), the end (exit code, why), and for pending jobs the runner's
+  reason and expected start, which the API shows as the queue's reasons and estimates.
+
+It never decides who runs where: that is the runner's (Slurm's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..model import GPU, Job, JobState, Plan, Reasons
+from .runners import LaunchRequest
+from .scheduler.deferral import next_window_start
+
+if TYPE_CHECKING:
+    from .runners.slurm import SlurmRunner, SlurmState
+    from .service import JobService
+
+log = logging.getLogger("jupyter_gpujobs")
+
+
+class Mirror:
+    def __init__(self, service: JobService, runner: SlurmRunner):
+        self.service = service
+        self.runner = runner
+        self.interval = float(getattr(runner, "poll_interval", 1.0))
+        self._reasons: dict[int, str] = {}
+        self._expected: dict[int, float | None] = {}
+        self.synced_at = 0.0  # wall time of the last state read that was applied
+
+    # ------------------------------------------------------------------ life cycle
+
+    def reconcile(self) -> None:
+        """After a restart: the handles of every active job (pending ones too: they may be in
+        Slurm's queue already)."""
+        s = self.service
+        pending, running = s.store.active_jobs()
+        s._pending, s._running, s._handles = {}, {}, {}
+        for job in pending + running:
+            s._keep(job)
+            handle = s.store.runner_handle(job.id)
+            if handle:
+                s._handles[job.id] = handle
+
+    async def loop(self) -> None:
+        s = self.service
+        assert s._wake is not None
+        while True:
+            try:
+                await asyncio.wait_for(s._wake.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+            s._wake.clear()
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gpujobs: mirroring Slurm failed")
+
+    async def step(self) -> None:
+        """Submit what is new, then read and apply every job's state."""
+        await self.submit_new()
+        s = self.service
+        if not s._handles:
+            return
+        states = await asyncio.to_thread(self.runner.sync, dict(s._handles))
+        for job_id, reason in self.apply(states):  # jobs Slurm would keep pending forever
+            handle = s._handles.get(job_id)
+            if handle is not None:
+                await asyncio.to_thread(self.runner.terminate, job_id, handle, reason)
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit_new(self) -> None:
+        s = self.service
+        new = sorted((j for j in s._pending.values() if j.id not in s._handles), key=lambda j: j.id)
+        groups: dict[Any, list[Job]] = {}
+        for job in new:
+            groups.setdefault(("array", job.array_job_id) if job.array_job_id else job.id, []).append(job)
+        for jobs in groups.values():
+            jobs = [j for j in jobs if s._pending.get(j.id) is not None and j.id not in s._handles]
+            if not jobs:
+                continue
+            found = self._dependency(jobs[0])
+            if found is None:  # a dependency is not in Slurm yet: a later step
+                continue
+            dependency, cancel = found
+            if cancel:
+                for job in jobs:
+                    s._set_state(job.id, JobState.CANCELLED, "scheduler", cancel, expect=(JobState.PENDING,))
+                continue
+            requests = [self._request(job) for job in jobs]
+            try:
+                handles = await asyncio.to_thread(self.runner.submit, jobs, requests, dependency,
+                                                  self._begin(jobs[0]))
+            except Exception as err:
+                for job in jobs:
+                    s._set_state(job.id, JobState.FAILED, "runner", f"Slurm refused the job: {err}",
+                                 expect=(JobState.PENDING,))
+                continue
+            for job, handle in zip(jobs, handles):
+                if s._pending.get(job.id) is None:  # cancelled while sbatch ran
+                    await asyncio.to_thread(self.runner.terminate, job.id, handle, "cancelled")
+                    continue
+                s.store.update_job(job.id, runner_handle=handle, log_path=handle["log_path"])
+                s._handles[job.id] = handle
+                s.store.add_event(job.id, "SUBMITTED", "runner", f"submitted to Slurm as job {handle['slurm_id']}",
+                                  s.clock(), data={"slurm_id": handle["slurm_id"]})
+                self._reasons[job.id] = f"submitted to Slurm as job {handle['slurm_id']}"
+
+    def _request(self, job: Job) -> LaunchRequest:
+        s = self.service
+        env = {**s.job_env, **job.env, "GPUJOBS_USER": job.user}
+        if job.array_index is not None:
+            env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
+            env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
+        return LaunchRequest(job_id=job.id, command=list(job.command), cwd=job.cwd or str(s.root_dir), env=env,
+                             time_limit_s=job.time_limit_s, grace_s=s.kill_grace_s,
+                             log_path=str(s.state_dir / "logs" / f"job-{job.id}.log"),
+                             fake=s.gpus.name == "fake")
+
+    def _dependency(self, job: Job) -> tuple[str, str] | None:
+        """(sbatch --dependency value, reason to cancel the job instead or ''); None while a
+        dependency is active but not handed to Slurm yet."""
+        s = self.service
+        parts: list[str] = []
+        ended = [d.job_id for d in job.depends if d.job_id not in s._handles]
+        finished = s.store.final_states(ended) if ended else {}
+        for dep in job.depends:
+            handle = s._handles.get(dep.job_id)
+            if handle is not None:
+                parts.append(f"{'afterok' if dep.kind == 'afterok' else 'afterany'}:{handle['slurm_id']}")
+                continue
+            state = finished.get(dep.job_id)
+            if state is None:
+                if s.active_job(dep.job_id) is not None:
+                    return None
+                return "", f"dependency job {dep.job_id} is unknown"
+            if dep.kind == "afterok" and JobState(state) is not JobState.COMPLETED:
+                return "", f"dependency job {dep.job_id} ended {JobState(state).value}"
+        return ",".join(parts), ""
+
+    def _begin(self, job: Job) -> float | None:
+        begin = job.begin
+        if job.offpeak:
+            policy = self.service.policy
+            now = self.service.clock()
+            local = next_window_start(now + policy.utc_offset_s, policy.offpeak_windows)
+            if local is not None:
+                begin = max(begin or 0.0, local - policy.utc_offset_s)
+        return begin
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, states: Sequence[SlurmState]) -> list[tuple[int, str]]:
+        """Record what Slurm says; returns the jobs to cancel (job id, reason): those whose
+        dependency can never be met, which Slurm would keep pending forever."""
+        s = self.service
+        cancel: list[tuple[int, str]] = []
+        # ends first: a GPU that one job gave back may already be another's in the same reading
+        for st in sorted(states, key=lambda st: st.state != "ENDED"):
+            job = s.active_job(st.job_id)
+            if job is None:
+                s._handles.pop(st.job_id, None)
+                continue
+            if st.state == "PENDING":
+                self._reasons[job.id] = st.reason
+                self._expected[job.id] = st.expected_start
+                if st.code == "DependencyNeverSatisfied" and job.id not in s._terminating:
+                    s._terminating.add(job.id)
+                    deps = ", ".join(f"{d.kind}:{d.job_id}" for d in job.depends)
+                    cancel.append((job.id, f"cancelled: its dependency ({deps}) can never be satisfied"))
+                if job.state is JobState.RUNNING:  # requeued by Slurm (preempted, node failure)
+                    s._set_state(job.id, JobState.PENDING, "runner", f"requeued by Slurm: {st.reason}",
+                                 started_at=None, host=None, assigned_gpus=(), restarts=job.restarts + 1)
+                continue
+            if job.state is JobState.PENDING and (st.state == "RUNNING" or st.started_at):
+                self._started(job, st)
+            if st.state == "ENDED" and st.exit is not None:
+                self._reasons.pop(job.id, None)
+                self._expected.pop(job.id, None)
+                s._finish(job.id, st.exit)
+        self.synced_at = time.time()
+        self._publish_queue()
+        return cancel
+
+    def _started(self, job: Job, st: SlurmState) -> None:
+        s = self.service
+        node = st.node or "?"
+        where = f"{node}, GPU {','.join(map(str, st.gpus))}" if st.gpus else node
+        reason = f"started by Slurm on {where} (Slurm job {st.slurm_id})"
+        at = float(st.started_at or s.clock())
+        try:
+            started = s.store.start(job.id, node, [(i, f"slurm:{node}:{i}") for i in st.gpus], at,
+                                    actor="runner", reason=reason)
+        except Exception as err:  # a stale allocation in the store: record the start without GPUs
+            log.warning("gpujobs: job %s: %s", job.id, err)
+            started = s.store.start(job.id, node, [], at, actor="runner", reason=reason)
+        if started is None:
+            return
+        s._keep(started)
+        self._reasons.pop(job.id, None)
+        self._expected.pop(job.id, None)
+        s._publish(started, {"job_id": job.id, "time": at, "state": "RUNNING", "actor": "runner",
+                             "reason": reason})
+
+    def _publish_queue(self) -> None:
+        """The pending jobs' reasons and expected starts as the view and queue read them."""
+        s = self.service
+        pending = s._pending
+        order = sorted(pending, key=lambda i: (self._expected.get(i) or float("inf"), i))
+        s._plan = Plan(order=order, reasons=Reasons({i: r for i, r in self._reasons.items() if i in pending}),
+                       expected_start={i: self._expected.get(i) for i in pending})
+        s._waiting = order
+        s._positions = None
+
+    # ------------------------------------------------------------------ commands
+
+    async def cancel(self, job: Job, user: str, wait_s: float) -> Job:
+        s = self.service
+        reason = f"cancelled by {user}"
+        handle = s._handles.get(job.id)
+        if handle is not None:
+            await asyncio.to_thread(self.runner.terminate, job.id, handle, reason)
+        if job.state is JobState.PENDING:
+            # Slurm drops a pending job at once; the engine records it now
+            return s._set_state(job.id, JobState.CANCELLED, user, reason,
+                                expect=(JobState.PENDING,)) or s.get(job.id)
+        s.store.add_event(job.id, "STOPPING", "engine", f"stopping: {reason}", s.clock())
+        s.wake()
+        return await s.wait_ended(job.id, wait_s)
+
+    # ------------------------------------------------------------------ GPUs
+
+    def gpu_views(self, inventory: list[GPU]) -> list[dict[str, Any]]:
+        """Every node's GPUs with who holds each: a job of this engine, or another Slurm job."""
+        s = self.service
+        ours: dict[str, Job] = {}
+        for job_id, handle in s._handles.items():
+            job = s._running.get(job_id)
+            if job is not None:
+                ours[str(handle.get("slurm_id"))] = job
+        holders = self.runner.gpu_holders()
+        out = []
+        for g in sorted(inventory, key=lambda g: (g.host, g.index)):
+            held = holders.get((g.host, g.index))
+            job = ours.get(held["slurm_id"]) if held else None
+            out.append({
+                "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
+                "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
+                "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
+                "job_id": job.id if job else None,
+                "user": job.user if job else (held or {}).get("user"),
+                "slurm_job_id": held["slurm_id"] if held else None,
+            })
+        return out

@@ -1,0 +1,255 @@
+"""The Slurm runner against a real single-node Slurm (munged, slurmctld, slurmd on loopback,
+4 fake GPUs as character devices; tests/slurm_cluster.py), behind a live Jupyter server with
+`c.GPUJobs.runner = "slurm"`, through the unchanged front ends: the CLI, the REST client,
+`%%gpujob` in a real kernel and notebook jobs.
+
+One cluster and one server serve the whole module; jobs are short. The time-limit job is
+submitted first and checked last, because Slurm checks limits only every 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.env())  # the server (and the tests' own squeue) use this cluster
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
+@pytest.fixture(scope="module")
+def server(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from servers import live_servers
+
+    factory = live_servers(tmp_path_factory.mktemp("live"))
+    make = next(factory)
+    try:
+        yield make(config={"runner": "slurm", "backfill": False},
+                   extra_args=["--Slurm.poll_interval=0.25", "--Slurm.partitions=urgent=urgent"])
+    finally:
+        next(factory, None)
+
+
+@pytest.fixture(scope="module")
+def time_limit_job(server: Any) -> dict[str, Any]:
+    """A job over its 1-minute limit, submitted when the module starts (checked at its end)."""
+    with server.client() as client:
+        return client.submit(["sleep", "600"], gpus=1, time_limit="1m", name="overtime")
+
+
+def squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, check=True).stdout
+
+
+def wait_state(client: Any, job_id: int, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.job(job_id)
+        if job["state"] in states or time.monotonic() > deadline:
+            return job
+        time.sleep(0.1)
+
+
+def slurm_id(client: Any, job_id: int) -> str:
+    for e in client.events(job_id):
+        if e["state"] == "SUBMITTED":
+            return str(e["data"]["slurm_id"])
+    raise AssertionError(f"job {job_id} was not submitted to Slurm: {client.events(job_id)}")
+
+
+def test_script_job_runs_on_slurm_gpus_and_show_names_the_slurm_job(server: Any, time_limit_job: Any) -> None:
+    r = server.cli("submit", "--gpus", "2", "--time", "5m", "--name", "hello", "--",
+                   "sh", "-c", "echo gpus=$CUDA_VISIBLE_DEVICES job=$GPUJOBS_JOB_ID; echo done")
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.split()[1])
+    with server.client() as client:
+        job = client.wait(job_id, timeout=30)
+        log = client.log(job_id)["data"]
+    assert job["state"] == "COMPLETED", job
+    assert job["host"] == "localhost" and len(job["assigned_gpus"]) == 2
+    assert f"gpus={','.join(map(str, job['assigned_gpus']))} job={job_id}" in log and "done" in log
+    shown = server.cli("show", str(job_id)).stdout
+    assert "submitted to Slurm as job" in shown and "started by Slurm on localhost" in shown
+
+
+def test_failed_job_shows_its_exit_code(server: Any) -> None:
+    with server.client() as client:
+        job = client.submit(["sh", "-c", "echo bad; exit 3"], gpus=1, time_limit="5m")
+        done = client.wait(job["id"], timeout=30)
+    assert done["state"] == "FAILED" and done["exit_code"] == 3
+    assert done["reason"] == "failed (exit code 3)"
+
+
+def test_pending_job_shows_slurms_reason_and_expected_start_then_cancels(server: Any, time_limit_job: Any) -> None:
+    with server.client() as client:
+        assert wait_state(client, time_limit_job["id"], ("RUNNING",))["state"] == "RUNNING"  # holds 1 GPU
+        big = client.submit(["sleep", "60"], gpus=3, time_limit="2m")
+        wait_state(client, big["id"], ("RUNNING",))
+        small = client.submit(["true"], gpus=1, time_limit="1m")
+        deadline = time.monotonic() + 20
+        while True:
+            job = client.job(small["id"])
+            if "waiting for resources" in (job["reason"] or "") and job["expected_start"]:
+                break
+            assert time.monotonic() < deadline, (job["state"], job["reason"], job["expected_start"])
+            time.sleep(0.2)
+        assert job["state"] == "PENDING"
+        # expected start: when the 4-GPU job reaches its limit, as Slurm's backfill estimates it
+        assert big["submitted_at"] < job["expected_start"] <= time.time() + 130
+        gpus = client.gpus()
+        held = [g for g in gpus if g["job_id"] == big["id"]]
+        assert len(gpus) == 4 and len(held) == 3 and {g["host"] for g in gpus} == {"localhost"}
+        assert all(g["job_id"] is not None for g in gpus)
+        assert all(g["user"] == big["user"] for g in held)
+        listed = server.cli("gpus").stdout
+        assert "localhost" in listed and f"job {big['id']}" in listed
+
+        cancelled = client.cancel(small["id"])  # pending: gone from Slurm at once
+        assert cancelled["state"] == "CANCELLED"
+        sid = slurm_id(client, small["id"])
+        assert sid not in squeue("-t", "PD", "-o", "%i").split()
+        stopped = client.cancel(big["id"])  # running: scancel, then Slurm reports it
+        stopped = client.wait(big["id"], timeout=20)
+    assert stopped["state"] == "CANCELLED" and "cancelled by" in stopped["reason"]
+
+
+def test_array_runs_at_most_two_tasks_at_once(server: Any) -> None:
+    with server.client() as client:
+        first = client.submit(["sh", "-c", "echo task $GPUJOBS_ARRAY_INDEX; sleep 1"], gpus=1, time_limit="5m",
+                              array="0-3%2")
+        jobs = [client.job(i) for i in first["array_tasks"]]
+        assert len(jobs) == 4
+        done = [client.wait(j["id"], timeout=60) for j in jobs]
+        logs = {j["array_index"]: client.log(j["id"])["data"] for j in done}
+        sids = {slurm_id(client, j["id"]) for j in jobs}
+    assert all(j["state"] == "COMPLETED" for j in done), done
+    assert {f"task {i}" for i in range(4)} == {logs[i].strip() for i in range(4)}
+    assert len({s.split("_")[0] for s in sids}) == 1  # one Slurm array job
+    for j in done:  # never three at once
+        overlapping = [k for k in done if k["started_at"] < j["ended_at"] and k["ended_at"] > j["started_at"]]
+        assert len(overlapping) <= 2, done
+
+
+def test_afterok_dependency_waits_and_a_failed_one_cancels(server: Any) -> None:
+    with server.client() as client:
+        first = client.submit(["sleep", "2"], gpus=1, time_limit="5m")
+        after = client.submit(["true"], gpus=1, time_limit="5m", depends=f"afterok:{first['id']}")
+        held = wait_state(client, after["id"], ("RUNNING", "COMPLETED"), timeout=1.5)
+        assert held["state"] == "PENDING"
+        bad = client.submit(["sh", "-c", "sleep 1; exit 1"], gpus=1, time_limit="5m")
+        never = client.submit(["true"], gpus=1, time_limit="5m", depends=f"afterok:{bad['id']}")
+        seen = wait_state(client, never["id"], ("CANCELLED",), timeout=0.6)
+        if seen["state"] == "PENDING":
+            assert "held by dependency" in seen["reason"]
+        first_done = client.wait(first["id"], timeout=30)
+        after_done = client.wait(after["id"], timeout=30)
+        never_done = client.wait(never["id"], timeout=30)
+    assert first_done["state"] == after_done["state"] == "COMPLETED"
+    assert after_done["started_at"] >= first_done["ended_at"] - 0.01
+    assert never_done["state"] == "CANCELLED" and "dependency" in never_done["reason"], never_done
+
+
+def test_a_job_cancelled_in_slurm_shows_why(server: Any) -> None:
+    with server.client() as client:
+        job = client.submit(["sleep", "60"], gpus=1, time_limit="5m")
+        wait_state(client, job["id"], ("RUNNING",))
+        subprocess.run(["scancel", slurm_id(client, job["id"])], check=True)
+        done = client.wait(job["id"], timeout=20)
+    assert done["state"] == "CANCELLED" and "cancelled in Slurm" in done["reason"]
+
+
+def test_priority_class_goes_to_its_partition(server: Any) -> None:
+    with server.client() as client:
+        job = client.submit(["true"], gpus=1, gpu_type="A100", time_limit="5m",
+                            env={"X": "1"}, priority="urgent")
+        done = client.wait(job["id"], timeout=30)
+        sid = slurm_id(client, job["id"])
+    assert done["state"] == "COMPLETED", done  # the urgent class went to the 'urgent' partition
+    out = subprocess.run(["scontrol", "-o", "show", "job", sid], capture_output=True, text=True).stdout
+    assert "Partition=urgent" in out
+
+
+def test_cell_job_streams_and_pushes_and_pulls_through_slurm(server: Any, tmp_path: Path) -> None:
+    from test_magics import Kernel
+
+    kernel = Kernel(server, tmp_path)
+    try:
+        kernel.execute("scale = 3")
+        msg_id = kernel.send("%%gpujob -g 1 -t 2m --push scale --pull total,gpus\n"
+                             "import os, time\ngpus = os.environ['CUDA_VISIBLE_DEVICES']\n"
+                             "print('first line', flush=True)\ntime.sleep(2)\ntotal = scale * 2 + 1\n"
+                             "print('second line')\n")
+        first_at = None
+        stdout = ""
+        for at, msg in kernel.messages(msg_id, timeout=60):
+            if msg["msg_type"] == "stream":
+                stdout += msg["content"]["text"]
+                if "first line" in stdout and first_at is None:
+                    first_at = at
+        assert kernel.reply(msg_id)["status"] == "ok", stdout
+        assert first_at is not None and time.monotonic() - first_at > 1  # streamed while it ran
+        assert "second line" in stdout
+        assert kernel.value("total") == "7"
+        with server.client() as client:
+            job = [j for j in client.jobs(limit=50)["jobs"] if j["kind"] == "cell"][0]
+        assert kernel.value("gpus") == repr(",".join(map(str, job["assigned_gpus"])))
+    finally:
+        kernel.close()
+
+
+def test_notebook_job_with_parameters(server: Any) -> None:
+    import nbformat
+    from test_notebooks import _outputs_text, param_notebook
+
+    param_notebook(server.root / "exp" / "train.ipynb")
+    with server.client() as client:
+        job = client.submit_notebook("exp/train.ipynb", parameters={"alpha": 0.5, "epochs": 3, "name": "r1"},
+                                     gpus=1, time_limit="5m")
+        done = client.wait(job["id"], timeout=90)
+        log = client.log(job["id"])["data"]
+    assert done["state"] == "COMPLETED", (done, log)
+    nb = nbformat.read(str(server.root / done["output_notebook"]), as_version=4)
+    assert "alpha 0.5 epochs 3 name r1" in _outputs_text(nb.cells[3])
+    assert f"gpus {done['assigned_gpus'][0]}" in _outputs_text(nb.cells[3])
+
+
+def test_kernels_are_refused_with_a_clear_message(server: Any) -> None:
+    from jupyter_gpujobs.client import GPUJobsError
+
+    with server.client() as client, pytest.raises(GPUJobsError) as err:
+        client.submit(kind="kernel", gpus=1, time_limit="5m")
+    assert err.value.field == "kind" and "Slurm" in err.value.message
+
+
+def test_time_limit_ends_the_job_as_timeout(server: Any, time_limit_job: dict[str, Any]) -> None:
+    with server.client() as client:
+        done = client.wait(time_limit_job["id"], timeout=150)
+    assert done["state"] == "TIMEOUT", done
+    assert "time limit" in done["reason"]
+    assert 55 <= done["ended_at"] - done["started_at"] <= 130
+
+
+def test_ignored_settings_are_logged_once(server: Any) -> None:
+    text = server.server_log()
+    assert text.count("these c.GPUJobs settings are ignored") == 1
+    assert "c.GPUJobs.backfill" in text
