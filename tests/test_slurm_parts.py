@@ -1,0 +1,58 @@
+"""The Slurm runner's pure parts: runner choice by name, Slurm's words and numbers read."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets import TraitError
+
+from jupyter_gpujobs.config import GPUJobs
+from jupyter_gpujobs.engine.runners import make_runner, runner_names
+from jupyter_gpujobs.engine.runners.slurm import (
+    SlurmRunner,
+    _gpu_indices,
+    _in_task_string,
+    _node_gpus,
+    pending_reason,
+)
+
+
+def test_runners_are_chosen_by_name(tmp_path) -> None:
+    assert {"local", "slurm"} <= set(runner_names())
+    assert isinstance(make_runner("slurm", tmp_path), SlurmRunner)
+    with pytest.raises(ValueError, match="no runner named 'pbs'; there are .*local.*slurm"):
+        make_runner("pbs", tmp_path)
+    with pytest.raises(TraitError, match="c.GPUJobs.runner: no runner named 'slrum'"):
+        GPUJobs(runner="slrum")
+
+
+@pytest.mark.parametrize("code, words", [
+    ("Resources", "waiting for resources"), ("Dependency", "held by dependency"),
+    ("QOSMaxGRESPerUser", "over the QOS GPU limit (QOSMaxGRESPerUser)"),
+    ("AssocGrpGRES", "over the account's GPU limit"), ("BeginTime", "waiting for its begin time"),
+    ("SomethingNew", "held by Slurm: SomethingNew"),
+])
+def test_pending_reasons_in_words(code: str, words: str) -> None:
+    assert words in pending_reason(code)
+
+
+def test_gpu_indices_and_array_tasks_and_node_gres() -> None:
+    assert _gpu_indices(["gpu:a100:2(IDX:0-1)", "gpu:1(IDX:3)"]) == (0, 1, 3)
+    assert _gpu_indices(["gpu:a100:0(IDX:N/A)"]) == ()
+    assert _in_task_string(3, "2-3%2") and not _in_task_string(1, "2-3%2") and _in_task_string(4, "1,4,7-9")
+    assert _node_gpus("gpu:a100:4,gpu:t4:2(S:0)") == [("a100", 4), ("t4", 2)]
+    assert _node_gpus("gpu:2") == [("gpu", 2)]
+
+
+def test_sbatch_options_of_a_job(tmp_path) -> None:
+    from jupyter_gpujobs.engine.runners.slurm import Slurm
+    from jupyter_gpujobs.model import Job
+
+    runner = SlurmRunner(tmp_path, Slurm(partition="gpu", partitions={"urgent": "fast"}, qos={"low": "scavenger"},
+                                         nodes=2, ntasks=8, extra_args=["--mem=1G"]))
+    args = runner.sbatch_args(Job(id=5, user="ann", gpus=2, gpu_type="A100", time_limit_s=90, priority="low",
+                                  requeue=False), dependency="afterok:17")
+    for expected in ("--gres=gpu:a100:2", "--time=2", "--dependency=afterok:17", "--partition=gpu",
+                     "--qos=scavenger", "--nodes=2", "--ntasks=8", "--no-requeue", "--mem=1G"):
+        assert expected in args
+    urgent = runner.sbatch_args(Job(id=6, user="ann", gpus=0, priority="urgent"))
+    assert "--partition=fast" in urgent and not any(a.startswith("--gres") for a in urgent)
