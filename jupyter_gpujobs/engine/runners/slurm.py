@@ -120,6 +120,16 @@ class SlurmError(RuntimeError):
     """A Slurm command failed; the message is Slurm's own."""
 
 
+class SlurmIsolation:
+    """What confines a job under Slurm: Slurm itself (its cgroup and gres settings)."""
+
+    fence = False  # the engine fences nothing itself
+
+    def describe(self) -> str:
+        return ("Slurm's own: each job gets the GPUs Slurm allocated (CUDA_VISIBLE_DEVICES); devices, memory "
+                "and CPUs are confined where the cluster sets ConstrainDevices and its cgroup plugins")
+
+
 class SlurmRunner(Runner):
     """Submits jobs to Slurm and reads their state back (see the module docstring)."""
 
@@ -132,6 +142,7 @@ class SlurmRunner(Runner):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.settings = settings or Slurm()
         self.poll_interval = self.settings.poll_interval
+        self.isolation = SlurmIsolation()
         self._stop_reasons: dict[str, tuple[str, str]] = {}  # slurm id -> (outcome, reason) we asked for
         self._last_jobs: list[dict[str, Any]] = []  # the last squeue answer
 
