@@ -1,0 +1,125 @@
+"""scripts/run-lab.sh as the README has a new user run it: it says what it does step by step,
+starts as root on a headless box, and the README's tour works in a terminal of that Lab (the
+venv's bin is on the PATH of Lab's terminals and kernels)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import free_port
+
+ROOT = Path(__file__).parent.parent
+
+
+def fake_venv(path: Path) -> Path:
+    """A venv as run-lab.sh leaves it, installed: this Python and its jupyter commands in bin/
+    (links to the test venv's), and the install mark, so the script does not install again."""
+    bin_dir = path / "bin"
+    bin_dir.mkdir(parents=True)
+    real = Path(sys.executable).parent
+    for name in ("python", "jupyter", "jupyter-lab", "jupyter-server", "jupyter-gpujobs"):
+        (bin_dir / name).symlink_to(real / name if name != "python" else sys.executable)
+    (path / ".jupyter-gpujobs-installed").touch()
+    os.utime(path / ".jupyter-gpujobs-installed", (time.time() + 60, time.time() + 60))  # newer than pyproject
+    return path
+
+
+async def terminal_output(url: str, token: str, command: str, until: re.Pattern[str], timeout: float) -> str:
+    """Open a Lab terminal through Jupyter's terminals API, type `command`, and return what it
+    printed once `until` matches."""
+    from tornado.websocket import websocket_connect
+
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"{url}api/terminals", headers={"Authorization": f"token {token}"})
+        r.raise_for_status()
+        name = r.json()["name"]
+    ws = await websocket_connect(f"{url.replace('http', 'ws', 1)}terminals/websocket/{name}?token={token}")
+    await ws.write_message(json.dumps(["stdin", command + "\r"]))
+    out = ""
+    deadline = time.monotonic() + timeout
+    while not until.search(out):
+        left = deadline - time.monotonic()
+        assert left > 0, f"the terminal did not print {until.pattern!r}:\n{out}"
+        msg = await asyncio.wait_for(ws.read_message(), left)
+        assert msg is not None, f"the terminal closed:\n{out}"
+        kind, *rest = json.loads(msg)
+        if kind == "stdout":
+            out += rest[0]
+    ws.close()
+    return out
+
+
+def test_run_lab_then_the_tour_in_a_lab_terminal(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path / "venv")
+    port, token = free_port(), "run-lab-test"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "VIRTUAL_ENV", "GPUJOBS_FAKE_GPUS")}
+    env.update(GPUJOBS_VENV=str(venv), PATH="/usr/bin:/bin", JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), PYTHONUNBUFFERED="1")
+    log = tmp_path / "run-lab.log"
+    (tmp_path / "root").mkdir()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", str(ROOT / "scripts" / "run-lab.sh"), "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path / 'root'}"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"run-lab.sh exited {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"Lab did not answer:\n{log.read_text()}"
+            try:
+                if httpx.get(url + "gpujobs/api/whoami", headers={"Authorization": f"token {token}"},
+                             timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        text = log.read_text()
+        steps = re.findall(r"^==> (\d)/4 ", text, re.M)
+        assert steps == ["1", "2", "3", "4"], text  # says what it does, step by step
+        assert "no NVIDIA GPU found: using fake GPUs 2xA100-80GB,2xT4" in text
+        assert "adding --no-browser" in text  # no display
+        if os.geteuid() == 0:
+            assert "running as root: adding --allow-root" in text
+
+        # the README's tour, exactly as written, in a terminal of that Lab
+        shown = asyncio.run(terminal_output(url, token, "jupyter gpujobs gpus", re.compile(r"3\s+T4\s|command not found"), 60))
+        assert "command not found" not in shown
+        assert re.search(r"GPU\s+MODEL\s+UTIL\s+MEMORY\s+HELD BY", shown), shown
+        assert len(re.findall(r"A100-80GB\s+\d+%\s+[\d.]+/80 GiB\s+free", shown)) == 2, shown
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("given", ["--allow-root --no-browser", ""])
+def test_run_lab_flags_are_not_doubled(tmp_path: Path, given: str) -> None:
+    """What the user passes is passed once: `jupyter lab --help-all`-free check through bash -x."""
+    venv = fake_venv(tmp_path / "venv")
+    (venv / "bin" / "jupyter").unlink()
+    (venv / "bin" / "jupyter").write_text('#!/bin/sh\necho "ARGS: $*"\n')
+    (venv / "bin" / "jupyter").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["GPUJOBS_VENV"] = str(venv)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "run-lab.sh"), *given.split()], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    args = done.stdout.split("ARGS: ", 1)[1].split()
+    assert args.count("--no-browser") == 1
+    assert args.count("--allow-root") == (1 if os.geteuid() == 0 or given else 0)
