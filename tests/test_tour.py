@@ -86,3 +86,27 @@ def test_a_failing_assertion_names_its_cell_and_line(server: Any) -> None:
     nb = nbformat.read(str(server.root / done["output_notebook"]), as_version=4)
     assert "at line 2: `assert x == y`" in nb.cells[0].source  # the note at the top
     assert nb.metadata.gpujobs.failed_line == 2
+
+
+def readme_notebook_cells() -> list[str]:
+    """The python cells of the README's "In the notebook", up to its PyTorch variant."""
+    import re
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text.split("## In the notebook", 1)[1].split("With PyTorch installed", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_notebook_example_runs_as_written(server: Any) -> None:
+    cells = readme_notebook_cells()
+    assert cells[0].strip() == "%load_ext jupyter_gpujobs" and len(cells) == 4
+    write(server.root / "readme.ipynb", *cells)
+    with server.client() as client:
+        job = client.submit_notebook("readme.ipynb", gpus=0, time_limit="5m")
+        done = client.wait(job["id"], timeout=180)
+        log = client.log(job["id"])["data"]
+    assert done["state"] == "COMPLETED", (done, log)
+    nb = nbformat.read(str(server.root / done["output_notebook"]), as_version=4)
+    streamed = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert "on GPU " in streamed and "step 4 loss 0.714" in streamed
+    assert nb.cells[3].outputs[0]["data"]["text/plain"] == "0.7142857142857143"
