@@ -170,6 +170,26 @@ def test_failing_cell_raises_with_the_reason(server: Any, kernel: Any) -> None:
         assert client.jobs()["jobs"][0]["state"] == "FAILED"
 
 
+def test_stderr_arrives_as_stderr_and_the_log_keeps_both(server: Any, kernel: Any) -> None:
+    code = ("%%gpujob -g 0 -t 1m\n"
+            "import subprocess, sys, time\n"
+            "print('out 1')\n"
+            "print('err 1', file=sys.stderr)\n"
+            "subprocess.run([sys.executable, '-c', 'import sys; sys.stderr.write(\"sub err\\\\n\"); print(\"sub out\")'])\n"
+            "time.sleep(0.3)\n"
+            "print('out 2')\n")
+    result = kernel.execute(code, timeout=60)
+    assert result["error"] is None, result
+    assert "err 1\n" in result["stderr"] and "sub err\n" in result["stderr"], result
+    assert "err" not in result["stdout"], result
+    assert "out 1\n" in result["stdout"] and "sub out\n" in result["stdout"] and "out 2\n" in result["stdout"]
+    with server.client() as client:
+        job = client.jobs(kind="cell")["jobs"][0]
+    log = server.cli("log", str(job["id"])).stdout  # the log has both streams, in order
+    lines = [line for line in log.splitlines() if line in ("out 1", "err 1", "sub err", "sub out", "out 2")]
+    assert lines[:2] == ["out 1", "err 1"] and lines[-1] == "out 2" and len(lines) == 5, log
+
+
 def test_interrupt_cancels_the_job(server: Any, kernel: Any) -> None:
     msg_id = kernel.send("%%gpujob -t 1m\nimport time\nprint('started', flush=True)\ntime.sleep(60)\n")
     with server.client() as client:

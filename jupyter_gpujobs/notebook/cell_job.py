@@ -10,11 +10,13 @@ It owns the job side of the cell folder the magic writes (see `magics.py`):
 and what it writes back:
 
 - `result.pkl` the pulled variables (a cloudpickled dict), on success only;
-- `error.json` `{"type", "message", "line"}` of the exception that ended the cell, on failure.
+- `error.json` `{"type", "message", "line"}` of the exception that ended the cell, on failure;
+- `stderr.spans` the byte ranges of the job log that the cell wrote to stderr, one `START END`
+  line each, written before the bytes reach the log (see `StreamPump`).
 
 The cell runs as `__main__` in this fresh Python process; stdout and stderr go to the job log,
-which the magic streams into the notebook. Exit status: 0 on success, 1 when the cell raised,
-130 on KeyboardInterrupt / SIGTERM.
+which the magic streams into the notebook, stderr as stderr. Exit status: 0 on success, 1 when
+the cell raised, 130 on KeyboardInterrupt / SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import builtins
 import json
 import os
 import pickle
+import selectors
 import signal
+import stat
 import sys
+import threading
 import traceback
 import types
 from pathlib import Path
@@ -36,6 +41,68 @@ PUSH_FILE = "push.pkl"
 PULL_FILE = "pull.json"
 RESULT_FILE = "result.pkl"
 ERROR_FILE = "error.json"
+STDERR_SPANS = "stderr.spans"
+
+
+class StreamPump:
+    """Keeps the cell's stdout and stderr apart in the one job log the supervisor gives both.
+
+    Fds 1 and 2 (so the cell's subprocesses too) become pipes; one thread copies what comes out
+    of them into the log, in the order it comes, and before each stderr piece appends its byte
+    range to `stderr.spans`. The log stays what `jupyter gpujobs log` and the panel show; the
+    magic reads the spans to send stderr to the notebook as stderr. Started only when fds 1 and
+    2 are the same regular file (the supervisor's log); otherwise they are apart already."""
+
+    def __init__(self, folder: Path):
+        self.spans_path = folder / STDERR_SPANS
+        self.log_fd = os.dup(1)
+        self.pipes: dict[int, int] = {}  # read end -> 1 or 2
+        self._thread = threading.Thread(target=self._run, name="gpujobs-streams", daemon=True)
+
+    @staticmethod
+    def wanted() -> bool:
+        try:
+            out, err = os.fstat(1), os.fstat(2)
+        except OSError:
+            return False
+        return stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+
+    def start(self) -> None:
+        self.spans = open(self.spans_path, "a", buffering=1)
+        for fd in (1, 2):
+            read, write = os.pipe()
+            os.dup2(write, fd)
+            os.close(write)
+            self.pipes[read] = fd
+        self._thread.start()
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        for read in self.pipes:
+            sel.register(read, selectors.EVENT_READ)
+        open_ends = len(self.pipes)
+        while open_ends:
+            for key, _ in sel.select():
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+                    open_ends -= 1
+                    continue
+                if self.pipes[key.fd] == 2:
+                    start = os.fstat(self.log_fd).st_size  # the log is opened for appending
+                    self.spans.write(f"{start} {start + len(data)}\n")
+                while data:
+                    data = data[os.write(self.log_fd, data):]
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Send what is left to the log and give fds 1 and 2 back to it."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.log_fd, 1)  # closes this process's write ends of the pipes
+        os.dup2(self.log_fd, 2)
+        self._thread.join(timeout)  # a subprocess still holding a pipe may keep it open
+        self.spans.close()
 
 
 def _write_error(folder: Path, exc: BaseException, cell_path: str) -> None:
@@ -113,7 +180,15 @@ def main(argv: list[str] | None = None) -> None:
         if reconfigure is not None:
             reconfigure(line_buffering=True)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    sys.exit(run_cell(Path(args[0])))
+    pump = StreamPump(Path(args[0])) if StreamPump.wanted() else None
+    if pump is not None:
+        pump.start()
+    try:
+        code = run_cell(Path(args[0]))
+    finally:
+        if pump is not None:
+            pump.stop()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -168,12 +168,13 @@ class CellRun:
     unreachable_timeout = 120.0  # keep following through an engine restart this long
 
     def __init__(self, client: GPUJobsClient, job: dict[str, Any], folder: Path, pull: list[str],
-                 write: Callable[[str], None] | None = None):
+                 write: Callable[[str], None] | None = None, write_err: Callable[[str], None] | None = None):
         self.client = client
         self.job = job
         self.folder = folder
         self.pull = pull
         self.write = write or self._write_stdout
+        self.write_err = write_err or (self._write_stderr if write is None else self.write)
         self.offset = 0
         self.output: list[str] = []
         self._handle: Any = None
@@ -183,6 +184,42 @@ class CellRun:
     def _write_stdout(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+    @staticmethod
+    def _write_stderr(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def _stderr_spans(self) -> list[tuple[int, int]]:
+        """The log's byte ranges the cell wrote to stderr (cell_job.STDERR_SPANS)."""
+        from .cell_job import STDERR_SPANS
+
+        try:
+            text = (self.folder / STDERR_SPANS).read_text()
+        except OSError:
+            return []
+        spans = []
+        for line in text.splitlines():
+            start, _, end = line.partition(" ")
+            if start.isdigit() and end.isdigit():
+                spans.append((int(start), int(end)))
+        return spans
+
+    def _stream(self, data: str, start: int) -> None:
+        """Write the log bytes [start, start + len) to the cell: stderr pieces as stderr."""
+        raw = data.encode("utf-8", errors="surrogateescape")
+        end = start + len(raw)
+        spans = [(max(a, start), min(b, end)) for a, b in self._stderr_spans() if a < end and b > start]
+        if not spans or "\ufffd" in data:  # no stderr here, or bytes the engine could not decode
+            self.write(data)
+            return
+        at = start
+        for a, b in sorted(spans) + [(end, end)]:
+            if a > at:
+                self.write(raw[at - start:a - start].decode("utf-8", errors="replace"))
+            if b > a:
+                self.write_err(raw[a - start:b - start].decode("utf-8", errors="replace"))
+            at = max(at, b)
 
     def _show(self) -> None:
         status = StatusLine(self.job)
@@ -197,11 +234,11 @@ class CellRun:
     def _read_log(self) -> tuple[bool, bool]:
         """(got data, log done)."""
         chunk = self.client.log(self.job["id"], self.offset)
-        self.offset = chunk["offset"]
+        start, self.offset = self.offset, chunk["offset"]
         if chunk["data"]:
             self.output.append(chunk["data"])
             del self.output[:-200]
-            self.write(chunk["data"])
+            self._stream(chunk["data"], start)
         return bool(chunk["data"]), bool(chunk["done"])
 
     def wait(self) -> dict[str, Any]:
