@@ -28,6 +28,10 @@ import os
 import signal
 import stat
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 #: The folder under each hierarchy that holds the jobs' cgroups.
 PARENT = "gpujobs"
@@ -181,7 +185,7 @@ def char_device(path: str) -> tuple[int, int] | None:
     return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
-def create(cg: dict[str, str], deny_devices: list[str] = (), mem_bytes: int | None = None,  # type: ignore[assignment]
+def create(cg: dict[str, str], deny_devices: Sequence[str] = (), mem_bytes: int | None = None,
            cpus: float | None = None, v2_controllers: tuple[str, ...] = ()) -> None:
     """Make the run's cgroups with its device fence and limits (OSError when the host refuses)."""
     for path in cg.values():

@@ -30,9 +30,12 @@ import signal
 import stat as stat_
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import cgroups
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 #: Log lines that mean the job ran out of GPU memory (searched in the log tail on a failure).
 OOM_PATTERNS = (
@@ -144,7 +147,7 @@ class SpawnError(OSError):
 
 
 def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
-          cgroup_procs: list[str] = (), user: tuple[str, int, int] | None = None) -> int:  # type: ignore[assignment]
+          cgroup_procs: Sequence[str] = (), user: tuple[str, int, int] | None = None) -> int:
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
     stderr into `log_fd`. Before exec the child enters the run's cgroups (`cgroup_procs`: the
     `cgroup.procs` files to write its pid to), drops to `user` (name, uid, gid: setgid,
