@@ -176,6 +176,12 @@ class LocalRunner(Runner):
             if os.path.exists(result_path):
                 exit_ = self._read_result(job_id, result_path)
                 if exit_ is not None:
+                    cg = handle.get("cgroups")
+                    if cg and cgroups.populated(cg):  # only after a supervisor error: its GPUs wait
+                        cgroups.kill(cg)
+                        continue
+                    if cg:
+                        cgroups.remove(cg)
                     self._forget(job_dir)
                     out.append(exit_)
                     continue
