@@ -96,13 +96,16 @@ class NVMLBackend(GPUBackend):
         return float(rates.gpu) if rates is not None else None
 
     def device_nodes(self) -> dict[int, str]:
-        """/dev/nvidia<minor> of each GPU (the minor number need not equal the index)."""
-        out = {}
-        for index, _, _ in self._static:
-            minor = self._call(index, "minor number", self.nvml.nvmlDeviceGetMinorNumber, self._handles[index])
-            if minor is not None:
-                out[index] = f"/dev/nvidia{int(minor)}"
-        return out
+        """/dev/nvidia<minor> of each GPU (the minor number need not equal the index); read once."""
+        nodes: dict[int, str] | None = getattr(self, "_nodes", None)
+        if nodes is None:
+            nodes = {}
+            for index, _, _ in self._static:
+                minor = self._call(index, "minor number", self.nvml.nvmlDeviceGetMinorNumber, self._handles[index])
+                if minor is not None:
+                    nodes[index] = f"/dev/nvidia{int(minor)}"
+            self._nodes = nodes
+        return dict(nodes)
 
     def _poll_xids(self) -> None:
         if self._events is None:
