@@ -178,15 +178,15 @@ def test_a_job_cancelled_in_slurm_shows_why(server: Any) -> None:
     assert done["state"] == "CANCELLED" and "cancelled in Slurm" in done["reason"]
 
 
-def test_priority_class_goes_to_its_partition(server: Any) -> None:
+def test_priority_class_goes_to_its_partition_with_its_memory_and_cpus(server: Any) -> None:
     with server.client() as client:
         job = client.submit(["true"], gpus=1, gpu_type="A100", time_limit="5m",
-                            env={"X": "1"}, priority="urgent")
+                            env={"X": "1"}, priority="urgent", mem="512M", cpus=2)
         done = client.wait(job["id"], timeout=30)
         sid = slurm_id(client, job["id"])
     assert done["state"] == "COMPLETED", done  # the urgent class went to the 'urgent' partition
     out = subprocess.run(["scontrol", "-o", "show", "job", sid], capture_output=True, text=True).stdout
-    assert "Partition=urgent" in out
+    assert "Partition=urgent" in out and "MinMemoryNode=512M" in out and "MinCPUsNode=2" in out
 
 
 def test_cell_job_streams_and_pushes_and_pulls_through_slurm(server: Any, tmp_path: Path) -> None:

@@ -50,8 +50,8 @@ def test_sbatch_options_of_a_job(tmp_path) -> None:
     runner = SlurmRunner(tmp_path, Slurm(partition="gpu", partitions={"urgent": "fast"}, qos={"low": "scavenger"},
                                          nodes=2, ntasks=8, extra_args=["--mem=1G"]))
     args = runner.sbatch_args(Job(id=5, user="ann", gpus=2, gpu_type="A100", time_limit_s=90, priority="low",
-                                  requeue=False), dependency="afterok:17")
-    for expected in ("--gres=gpu:a100:2", "--time=2", "--dependency=afterok:17", "--partition=gpu",
+                                  requeue=False, mem_bytes=3 << 30, cpus=1.5), dependency="afterok:17")
+    for expected in ("--mem=3072M", "--cpus-per-task=2", "--gres=gpu:a100:2", "--time=2", "--dependency=afterok:17", "--partition=gpu",
                      "--qos=scavenger", "--nodes=2", "--ntasks=8", "--no-requeue", "--mem=1G"):
         assert expected in args
     urgent = runner.sbatch_args(Job(id=6, user="ann", gpus=0, priority="urgent"))

@@ -124,6 +124,11 @@ class SlurmIsolation:
     """What confines a job under Slurm: Slurm itself (its cgroup and gres settings)."""
 
     fence = False  # the engine fences nothing itself
+    enabled = True  # --mem and --cpus go to Slurm as --mem and --cpus-per-task
+
+    def limits(self) -> tuple[bool, bool]:
+        """(a memory limit, a CPU limit) can be asked for: Slurm takes both."""
+        return True, True
 
     def describe(self) -> str:
         return ("Slurm's own: each job gets the GPUs Slurm allocated (CUDA_VISIBLE_DEVICES); devices, memory "
@@ -185,6 +190,10 @@ class SlurmRunner(Runner):
             args.append(f"--nodes={s.nodes}")
         if s.ntasks:
             args.append(f"--ntasks={s.ntasks}")
+        if job.mem_bytes:
+            args.append(f"--mem={max(1, -(-int(job.mem_bytes) // (1 << 20)))}M")
+        if job.cpus:
+            args.append(f"--cpus-per-task={max(1, -(-int(job.cpus * 100) // 100))}")
         if not job.requeue:
             args.append("--no-requeue")
         return [*args, *s.extra_args]
