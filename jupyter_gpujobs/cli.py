@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .client import GPUJobsClient, GPUJobsError
-from .model import InvalidInput, format_duration, format_relative
+from .model import InvalidInput, format_duration, format_relative, safe_text
 
 
 class UsageError(Exception):
@@ -40,6 +40,9 @@ def _ago(t: float | None, now: float) -> str:
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
+    """Aligned columns; control, bidi and zero-width characters in a cell (a job's name, command
+    or reason comes from whoever submitted it) are shown escaped, never sent to the terminal."""
+    rows = [[safe_text(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -162,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--kernel", help="kernel name (default: the notebook's own)")
     rn.add_argument("--output", help="path of the executed notebook (default: next to the input)")
 
-    q = sub.add_parser("queue", help="pending jobs in scheduling order")
+    q = sub.add_parser("queue", help="pending jobs in scheduling order, a page at a time")
+    q.add_argument("-n", "--limit", type=int, default=50, help="jobs per page (default 50, at most 1000)")
+    q.add_argument("--offset", type=int, default=0, help="start at this position (0: the head of the queue)")
+    q.add_argument("--user", help="only this user's jobs ('me' for yours)")
     q.add_argument("--json", action="store_true")
     ls = sub.add_parser("list", help="jobs, newest first")
     ls.add_argument("--state", help="e.g. RUNNING,PENDING")
@@ -305,8 +311,19 @@ def run(argv: Sequence[str]) -> int:
         return 0
     client = _client(args)
     if args.cmd == "queue":
-        jobs = client.queue()
-        print(json.dumps(jobs, indent=2) if args.json else (format_queue(jobs, time.time()) if jobs else "queue is empty"))
+        user = client.whoami()["user"] if args.user == "me" else args.user
+        page = client.queue_page(limit=args.limit, offset=args.offset, user=user)
+        jobs = page["jobs"]
+        if args.json:
+            print(json.dumps(page, indent=2))
+        elif not jobs:
+            print("queue is empty" if not page["total"] else f"no jobs past position {args.offset} "
+                  f"of {page['total']}")
+        else:
+            print(format_queue(jobs, time.time()))
+            if page["next"] is not None or args.offset:
+                print(f"jobs {args.offset + 1}-{args.offset + len(jobs)} of {page['total']} pending"
+                      + (f"; next page: --offset {page['next']}" if page["next"] is not None else ""))
     elif args.cmd == "list":
         user = args.user
         if user == "me" or (user is None and not args.all):
@@ -320,10 +337,10 @@ def run(argv: Sequence[str]) -> int:
             print(json.dumps(job, indent=2))
         else:
             print(format_jobs([job], time.time()))
-            print("command: " + shlex.join(job.get("command") or []))
+            print("command: " + safe_text(shlex.join(job.get("command") or [])))
             for e in client.events(args.id):
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
-                print(f"  {stamp}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}")
+                print(safe_text(f"  {stamp}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":
         failed = 0
         for job_id in args.ids:
@@ -331,7 +348,7 @@ def run(argv: Sequence[str]) -> int:
                 job = client.cancel(job_id)
                 print(f"job {job_id} {job['state']}")
             except GPUJobsError as err:
-                print(f"error: job {job_id}: {err.message}", file=sys.stderr)
+                print(f"error: job {job_id}: {safe_text(err.message)}", file=sys.stderr)
                 failed += 1
         return 1 if failed else 0
     elif args.cmd == "log":
@@ -386,7 +403,7 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
     def lim(v: Any) -> str:
         return "no limit" if v is None else str(v)
 
-    print(f"user {q['user']}")
+    print(f"user {safe_text(q['user'])}")
     print(f"  running GPUs   {q['running_gpus']} (guaranteed {q['guaranteed_gpus']}, "
           f"max {lim(q['max_gpus'])}, borrowed {q['borrowed_gpus']})")
     print(f"  running jobs   {q['running_jobs']} (max {lim(q['max_running_jobs'])})")
@@ -394,7 +411,7 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
     print(f"  max time limit {format_duration(q['max_time_limit_s'])}")
     for name, g in q.get("groups", {}).items():
         gq = g.get("quota") or {}
-        print(f"  group {name}: {g['running_gpus']} GPUs running (guaranteed {gq.get('guaranteed_gpus', 0)}, "
+        print(f"  group {safe_text(name)}: {g['running_gpus']} GPUs running (guaranteed {gq.get('guaranteed_gpus', 0)}, "
               f"max {lim(gq.get('max_gpus'))})")
     return 0
 
@@ -433,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 2
     except GPUJobsError as err:
         where = f" ({err.field})" if err.field and not err.message.startswith(err.field) else ""
-        print(f"error{where}: {err.message}", file=sys.stderr)
+        print(safe_text(f"error{where}: {err.message}"), file=sys.stderr)
         code = 1
     except InvalidInput as err:
         print(f"error: {err}", file=sys.stderr)

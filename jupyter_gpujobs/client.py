@@ -185,9 +185,16 @@ class _Calls:
     def events(self, job_id: int) -> Any:
         return self._call("GET", f"jobs/{int(job_id)}/events", pick=lambda d: d["events"])
 
-    def queue(self) -> Any:
-        """Pending jobs in scheduling order, with position, reason and expected start."""
-        return self._call("GET", "queue", pick=lambda d: d["jobs"])
+    def queue(self, limit: int | None = None, offset: int = 0, user: str | None = None) -> Any:
+        """One page of the pending jobs in scheduling order (the server's default page, 100
+        jobs, when `limit` is None); `queue_page` also says how many there are."""
+        return self._call("GET", "queue", params=_drop_none({"limit": limit, "offset": offset or None,
+                                                             "user": user}), pick=lambda d: d["jobs"])
+
+    def queue_page(self, limit: int | None = None, offset: int = 0, user: str | None = None) -> Any:
+        """`{"jobs": [...], "total": pending jobs, "offset": offset, "next": next offset or None}`."""
+        return self._call("GET", "queue", params=_drop_none({"limit": limit, "offset": offset or None,
+                                                             "user": user}))
 
     # --- quotas
     def quota(self, user: str | None = None) -> Any:

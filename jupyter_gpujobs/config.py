@@ -7,6 +7,9 @@ naming the setting, rather than being half-applied.
 
 from __future__ import annotations
 
+import ast
+import json
+import math
 import os
 import re
 from typing import Any
@@ -15,6 +18,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicod
 from traitlets.config import Configurable
 
 from .model import (
+    MAX_GPUS,
     InvalidInput,
     OffpeakWindow,
     Policy,
@@ -61,26 +65,83 @@ def _hour(text: str) -> float:
     return hour + minute / 60
 
 
+#: The most running jobs a quota may name.
+MAX_RUNNING_JOBS = 1_000_000
+
+
+def _count(where: str, value: Any, high: int) -> int:
+    """A whole number from 0 to `high` (a JSON number or its digits), else TraitError."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", value):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraitError(f"{where}: expected a whole number, got {value!r}"[:200])
+    if not 0 <= value <= high:
+        raise TraitError(f"{where}: must be between 0 and {high}, got {value}")
+    return value
+
+
 def _quota(where: str, value: Any) -> Quota:
+    """A quota from its dict form (keys as in user_quotas), every value checked."""
     if isinstance(value, Quota):
         return value
+    if isinstance(value, str):  # `--GPUJobs.user_quotas alice='{"max_gpus": 2}'` on a command line
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass
     if not isinstance(value, dict):
         raise TraitError(f"{where}: expected a dict such as {{'guaranteed_gpus': 2, 'max_gpus': 4}}")
     known = {"guaranteed_gpus", "max_gpus", "max_running_jobs", "max_time_limit", "elastic"}
     unknown = set(value) - known
     if unknown:
-        raise TraitError(f"{where}: unknown key {sorted(unknown)[0]!r}; known keys are {', '.join(sorted(known))}")
+        raise TraitError(f"{where}: unknown key {str(sorted(map(str, unknown))[0])[:60]!r}; "
+                         f"known keys are {', '.join(sorted(known))}")
     tl = value.get("max_time_limit")
+    elastic = value.get("elastic", True)
+    if not isinstance(elastic, bool):
+        raise TraitError(f"{where}.elastic: expected true or false, got {elastic!r}"[:200])
     try:
-        return Quota(
-            guaranteed_gpus=int(value.get("guaranteed_gpus", 0)),
-            max_gpus=None if value.get("max_gpus") is None else int(value["max_gpus"]),
-            max_running_jobs=None if value.get("max_running_jobs") is None else int(value["max_running_jobs"]),
-            max_time_limit_s=None if tl is None else parse_duration(tl, f"{where}.max_time_limit"),
-            elastic=bool(value.get("elastic", True)),
-        )
+        max_time_limit_s = None if tl is None else parse_duration(tl, f"{where}.max_time_limit")
     except InvalidInput as err:
         raise TraitError(str(err)) from None
+    return Quota(
+        guaranteed_gpus=_count(f"{where}.guaranteed_gpus", value.get("guaranteed_gpus", 0), MAX_GPUS),
+        max_gpus=None if value.get("max_gpus") is None else _count(f"{where}.max_gpus", value["max_gpus"], MAX_GPUS),
+        max_running_jobs=(None if value.get("max_running_jobs") is None
+                          else _count(f"{where}.max_running_jobs", value["max_running_jobs"], MAX_RUNNING_JOBS)),
+        max_time_limit_s=max_time_limit_s,
+        elastic=elastic,
+    )
+
+
+def string_list(value: Any, where: str) -> list[str]:
+    """A list setting as people write it: a list, a JSON list (`'["alice", "bob"]'`) or
+    comma-separated text (`alice,bob`). A list given on the command line to a server that
+    does not know the setting's class yet arrives as one item holding all of it."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TraitError(f"{where}: expected a list of names such as ['alice', 'bob'], got {value!r}")
+    out: list[str] = []
+    for item in value:
+        if not isinstance(item, str):
+            raise TraitError(f"{where}: expected names (text), got {item!r}")
+        text = item.strip()
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                try:
+                    parsed = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    raise TraitError(f"{where}: cannot read {item!r}; write a list such as "
+                                     "[\"alice\", \"bob\"] or alice,bob") from None
+            out.extend(string_list(parsed, where))
+            continue
+        out.extend(part.strip() for part in text.split(",") if part.strip())
+    return out
 
 
 def quota_to_dict(q: Quota | None) -> dict[str, Any] | None:
@@ -265,18 +326,50 @@ class GPUJobs(Configurable):
 
     @validate("offpeak_windows")
     def _check_offpeak(self, proposal: Any) -> Any:
-        for text in proposal["value"]:
+        windows = string_list(proposal["value"], "c.GPUJobs.offpeak_windows")
+        for text in windows:
             try:
                 parse_offpeak(text)
             except InvalidInput as err:
                 raise TraitError(f"c.GPUJobs.{err}") from None
-        return proposal["value"]
+        return windows
+
+    @validate("admin_users", "rogue_ignore")
+    def _check_names(self, proposal: Any) -> Any:
+        return string_list(proposal["value"], f"c.GPUJobs.{proposal['trait'].name}")
+
+    @validate("group_members")
+    def _check_members(self, proposal: Any) -> Any:
+        return {str(group): string_list(users, f"c.GPUJobs.group_members[{group!r}]")
+                for group, users in proposal["value"].items()}
+
+    @validate("user_shares", "group_shares")
+    def _check_shares(self, proposal: Any) -> Any:
+        name = proposal["trait"].name
+        out = {}
+        for who, share in proposal["value"].items():
+            try:
+                number = float(share)
+            except (TypeError, ValueError):
+                number = float("nan")
+            if isinstance(share, bool) or not math.isfinite(number) or number < 0:
+                raise TraitError(f"c.GPUJobs.{name}[{who!r}]: expected a share (a number of 0 or more), "
+                                 f"got {share!r}")
+            out[str(who)] = number
+        return out
 
     @validate("user_quotas", "group_quotas")
     def _check_quotas(self, proposal: Any) -> Any:
         name = proposal["trait"].name
         for who, value in proposal["value"].items():
             _quota(f"c.GPUJobs.{name}[{who!r}]", value)
+        return {who: json.loads(value) if isinstance(value, str) else value
+                for who, value in proposal["value"].items()}
+
+    @validate("default_user_quota")
+    def _check_default_quota(self, proposal: Any) -> Any:
+        if proposal["value"]:
+            _quota("c.GPUJobs.default_user_quota", proposal["value"])
         return proposal["value"]
 
     @validate("rogue_policy")

@@ -54,6 +54,19 @@ JOB_KINDS: tuple[str, ...] = ("script", "cell", "notebook", "kernel")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
+#: Bounds of what a user may type, checked where it is read so that no stored value can make
+#: a later computation overflow: the longest duration (ten years), how far ahead a job may be
+#: deferred (`begin`, one year), the most GPUs one job or quota may name, and the largest id.
+MAX_DURATION_S = 10 * 365 * 86400
+MAX_BEGIN_AHEAD_S = 366 * 86400
+MAX_GPUS = 4096
+MAX_ID = (1 << 63) - 1
+#: Array jobs: the most tasks, the largest task index, and the longest array text.
+MAX_ARRAY_TASKS = 10000
+MAX_ARRAY_INDEX = 1_000_000
+MAX_ARRAY_TEXT = 1000
+MAX_DEPENDENCIES = 1000
+
 
 def parse_duration(value: Any, field_name: str = "time_limit") -> int:
     """Seconds from `90`, `"90"`, `"30m"`, `"1h30m"`, `"2d"`, `"1:30:00"` (h:m:s) or `"45:00"` (m:s).
@@ -63,9 +76,13 @@ def parse_duration(value: Any, field_name: str = "time_limit") -> int:
     if isinstance(value, bool):
         raise InvalidInput(field_name, f"expected a duration such as 30m or 1h30m, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        if value != value:
+            raise InvalidInput(field_name, f"expected a duration such as 30m or 1h30m, got {value!r}")
+        seconds = float(value) if abs(value) <= 2 * MAX_DURATION_S else float("inf")
     elif isinstance(value, str):
         text = value.strip().lower()
+        if len(text) > 100:
+            raise InvalidInput(field_name, f"duration of {len(text)} characters is too long; use e.g. 30m or 1h30m")
         if not text:
             raise InvalidInput(field_name, "empty duration; use e.g. 30m, 1h30m or 3600")
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -95,6 +112,9 @@ def parse_duration(value: Any, field_name: str = "time_limit") -> int:
         raise InvalidInput(field_name, f"expected a duration such as 30m or 1h30m, got {value!r}")
     if seconds <= 0:
         raise InvalidInput(field_name, f"duration must be positive, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise InvalidInput(field_name, f"duration {value!r} is longer than the maximum of "
+                                       f"{format_duration(MAX_DURATION_S)}")
     return int(round(seconds))
 
 
@@ -134,7 +154,7 @@ def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
     """A whole, non-negative number of GPUs."""
     if isinstance(value, bool) or value is None:
         raise InvalidInput(field_name, f"expected a whole number of GPUs, got {value!r}")
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,6}\s*", value):
         value = int(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -142,7 +162,49 @@ def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
         raise InvalidInput(field_name, f"expected a whole number of GPUs, got {value!r}")
     if value < 0:
         raise InvalidInput(field_name, f"cannot ask for a negative number of GPUs ({value})")
+    if value > MAX_GPUS:
+        raise InvalidInput(field_name, f"{value} GPUs is more than the {MAX_GPUS} any server has")
     return value
+
+
+def parse_id(value: Any, field_name: str = "id") -> int:
+    """A job (or other record) id: a whole number from 1 to 2^63-1, as a number or its ASCII digits."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,19}", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field_name, f"expected a job id (a whole number), got {_short(value)}")
+    if not 1 <= value <= MAX_ID:
+        raise InvalidInput(field_name, f"job ids are between 1 and {MAX_ID}, got {_short(value)}")
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr() of a value a user sent, cut to `limit` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+#: Characters refused in names and never printed raw: C0/C1 controls (escape sequences, NUL,
+#: backspace, carriage return), and the bidirectional and zero-width format characters that
+#: make text display as something other than what it is.
+_UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+
+
+def safe_text(text: Any) -> str:
+    """`text` fit to print in someone else's terminal or table: each control, bidi or
+    zero-width character becomes a visible escape (`\\x1b`, `\\u202e`)."""
+    text = str(text)
+    if not _UNSAFE_TEXT.search(text):
+        return text
+    return _UNSAFE_TEXT.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def check_plain_text(value: str, field_name: str) -> None:
+    """Refuse a name that holds control, bidi or zero-width characters."""
+    bad = _UNSAFE_TEXT.search(value)
+    if bad:
+        raise InvalidInput(field_name, f"contains the control character {safe_text(bad.group())} at position "
+                                       f"{bad.start()}; use printable text")
 
 
 def parse_priority(value: Any, field_name: str = "priority") -> str:
@@ -252,24 +314,28 @@ def parse_dependencies(value: Any, field_name: str = "depends") -> tuple[Depende
         items = list(value)
     else:
         raise InvalidInput(field_name, f"expected e.g. 'afterok:12' or a list of job ids, got {value!r}")
+    if len(items) > MAX_DEPENDENCIES:
+        raise InvalidInput(field_name, f"{len(items)} dependencies is more than the {MAX_DEPENDENCIES} allowed")
     deps: list[Dependency] = []
     for item in items:
         if isinstance(item, int) and not isinstance(item, bool):
-            deps.append(Dependency("afterok", item))
+            deps.append(Dependency("afterok", parse_id(item, field_name)))
             continue
         if not isinstance(item, str):
-            raise InvalidInput(field_name, f"cannot read dependency {item!r}")
+            raise InvalidInput(field_name, f"cannot read dependency {_short(item)}")
         parts = item.strip().split(":")
         if len(parts) == 1 and parts[0].isdigit():
-            deps.append(Dependency("afterok", int(parts[0])))
+            deps.append(Dependency("afterok", parse_id(parts[0], field_name)))
             continue
         kind = parts[0].lower()
         if kind not in ("after", "afterok") or len(parts) < 2:
-            raise InvalidInput(field_name, f"cannot read dependency {item!r}; use after:ID or afterok:ID")
+            raise InvalidInput(field_name, f"cannot read dependency {_short(item)}; use after:ID or afterok:ID")
         for jid in parts[1:]:
-            if not jid.isdigit():
-                raise InvalidInput(field_name, f"job id {jid!r} in {item!r} is not a number")
-            deps.append(Dependency(kind, int(jid)))
+            if not (jid.isascii() and jid.isdigit()):
+                raise InvalidInput(field_name, f"job id {_short(jid)} in {_short(item)} is not a number")
+            deps.append(Dependency(kind, parse_id(jid, field_name)))
+        if len(deps) > MAX_DEPENDENCIES:
+            raise InvalidInput(field_name, f"more than the {MAX_DEPENDENCIES} dependencies allowed")
     return tuple(deps)
 
 
@@ -533,33 +599,42 @@ def parse_cpus(value: Any, field_name: str = "cpus") -> float:
 
 
 def parse_array(value: Any, field_name: str = "array") -> tuple[list[int], int | None]:
-    """`"0-15%4"` -> (indices 0..15, at most 4 running); `"1,3,5"`; `"0-9:2"` (step)."""
+    """`"0-15%4"` -> (indices 0..15, at most 4 running); `"1,3,5"`; `"0-9:2"` (step).
+
+    Sizes are checked before anything is expanded: at most MAX_ARRAY_TASKS tasks, indices up
+    to MAX_ARRAY_INDEX, and MAX_ARRAY_TEXT characters of text."""
     if value in (None, ""):
         return [], None
-    if not isinstance(value, str):
-        value = str(value)
-    text = value.strip()
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InvalidInput(field_name, f"expected a range such as 0-15%4 or 1,3,5, got {_short(value)}")
+    text = str(value).strip()
+    if len(text) > MAX_ARRAY_TEXT:
+        raise InvalidInput(field_name, f"array text of {len(text)} characters is over the {MAX_ARRAY_TEXT} allowed")
     limit: int | None = None
     if "%" in text:
         text, lim = text.split("%", 1)
-        if not lim.isdigit() or int(lim) <= 0:
-            raise InvalidInput(field_name, f"bad concurrency limit in {value!r}; use e.g. 0-15%4")
-        limit = int(lim)
-    indices: list[int] = []
+        if not re.fullmatch(r"[0-9]{1,6}", lim) or int(lim) <= 0:
+            raise InvalidInput(field_name, f"bad concurrency limit in {_short(value)}; use e.g. 0-15%4")
+        limit = min(int(lim), MAX_ARRAY_TASKS)
+    ranges: list[range] = []
+    count = 0
     for part in text.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        m = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9})(?::([0-9]{1,9}))?)?", part)
         if not m:
-            raise InvalidInput(field_name, f"cannot read {value!r}; use e.g. 0-15%4 or 1,3,5")
+            raise InvalidInput(field_name, f"cannot read {_short(value)}; use e.g. 0-15%4 or 1,3,5")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) else lo
         step = int(m.group(3)) if m.group(3) else 1
         if hi < lo or step <= 0:
-            raise InvalidInput(field_name, f"bad range {part!r} in {value!r}")
-        indices.extend(range(lo, hi + 1, step))
-    if len(indices) > 10000:
-        raise InvalidInput(field_name, f"{len(indices)} array tasks is more than the 10000 allowed")
-    return sorted(set(indices)), limit
+            raise InvalidInput(field_name, f"bad range {part!r} in {_short(value)}")
+        if hi > MAX_ARRAY_INDEX:
+            raise InvalidInput(field_name, f"array index {hi} is over the largest allowed, {MAX_ARRAY_INDEX}")
+        ranges.append(range(lo, hi + 1, step))
+        count += len(ranges[-1])
+        if count > MAX_ARRAY_TASKS:
+            raise InvalidInput(field_name, f"{_short(value)} is more than the {MAX_ARRAY_TASKS} array tasks allowed")
+    return sorted({i for r in ranges for i in r}), limit
 
 
 def _is_unicode(value: Any) -> bool:
@@ -600,8 +675,8 @@ def validate_submission(
                                     "\\ud800); send UTF-8 text")
 
     kind = body.get("kind", "script")
-    if kind not in JOB_KINDS:
-        raise InvalidInput("kind", f"unknown kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
+    if not isinstance(kind, str) or kind not in JOB_KINDS:
+        raise InvalidInput("kind", f"unknown kind {_short(kind)}; choose one of {', '.join(JOB_KINDS)}")
 
     command = body.get("command")
     if isinstance(command, str):
@@ -617,6 +692,8 @@ def validate_submission(
         command_list = []
     else:
         raise InvalidInput("command", "expected a string or a list of strings, e.g. \"python train.py\"")
+    if any("\x00" in c for c in command_list):
+        raise InvalidInput("command", "contains a NUL character, which no program argument can hold")
     if kind == "script" and not command_list:
         raise InvalidInput("command", "a script job needs a command, e.g. \"python train.py\"")
 
@@ -626,6 +703,7 @@ def validate_submission(
         if not isinstance(gpu_type, str) or not gpu_type.strip():
             raise InvalidInput("gpu_type", f"expected a GPU model such as A100, got {gpu_type!r}")
         gpu_type = gpu_type.strip()
+        check_plain_text(gpu_type, "gpu_type")
 
     if n_gpus > 0 and gpus:
         candidates = [g for g in gpus if gpu_matches_type(g.name, gpu_type)]
@@ -657,6 +735,7 @@ def validate_submission(
     name = body.get("name") or ""
     if not isinstance(name, str) or len(name) > 200:
         raise InvalidInput("name", "expected a string of at most 200 characters")
+    check_plain_text(name, "name")
     group = body.get("group")
     if group is not None and (not isinstance(group, str) or not re.fullmatch(r"[\w.-]{1,64}", group)):
         raise InvalidInput("group", f"expected a project name of letters, digits, '.', '_' or '-', got {group!r}")
@@ -666,21 +745,23 @@ def validate_submission(
             raise InvalidInput(flag, f"expected true or false, got {body[flag]!r}")
 
     cwd = body.get("cwd")
-    if cwd is not None and not isinstance(cwd, str):
+    if cwd is not None and (not isinstance(cwd, str) or "\x00" in cwd or len(cwd) > 4096):
         raise InvalidInput("cwd", "expected a directory path")
     env = body.get("env") or {}
     if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise InvalidInput("env", "expected an object of string names to string values")
     for key in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise InvalidInput("env", f"{key!r} is not a valid environment variable name")
+            raise InvalidInput("env", f"{_short(key)} is not a valid environment variable name")
+        if "\x00" in env[key]:
+            raise InvalidInput("env", f"the value of {key} contains a NUL character")
 
     begin: float | None = None
     offpeak = False
     when = body.get("when")
     if when is not None:
         if when != "offpeak":
-            raise InvalidInput("when", f"unknown value {when!r}; the only choice is 'offpeak'")
+            raise InvalidInput("when", f"unknown value {_short(when)}; the only choice is 'offpeak'")
         offpeak = True
     raw_begin = body.get("begin")
     if raw_begin not in (None, ""):
@@ -718,23 +799,61 @@ def validate_submission(
     }
 
 
+def resolve_cwd(value: str | None, root_dir: str) -> str:
+    """The working directory of a job as an absolute, normalised path.
+
+    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it
+    (after `..` and symbolic links are followed), as the Jupyter file browser does. An absolute
+    cwd is the user saying where they are (the CLI sends the shell's directory): it is accepted,
+    normalised, because the job runs as its owner, who may enter it or not (the service checks
+    that, and that it exists)."""
+    import os
+
+    root = os.path.abspath(root_dir)
+    if value is None or value == "":
+        return root
+    if os.path.isabs(value):
+        path = os.path.normpath(value)
+    else:
+        path = os.path.normpath(os.path.join(root, value))
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(path)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise InvalidInput("cwd", f"{_short(value)} leads outside the server's root directory; give a path "
+                                      "inside it, or an absolute path")
+    return path
+
+
 def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
     """Epoch seconds from an epoch number, an ISO time ("2026-12-02T22:00", UTC unless it has an
-    offset), or a delay ("now+2h", "+30m")."""
+    offset), or a delay ("now+2h", "+30m"). A time may be in the past (the job may start now)
+    but not before 1970, and at most MAX_BEGIN_AHEAD_S (a year) ahead."""
     from datetime import datetime, timezone
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str):
-        raise InvalidInput(field_name, f"expected a time such as 2026-12-02T22:00 or +2h, got {value!r}")
-    text = value.strip()
-    for prefix in ("now+", "+"):
-        if text.startswith(prefix):
-            return now + parse_duration(text[len(prefix):], field_name)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(field_name, f"cannot read time {value!r}; use e.g. 2026-12-02T22:00 or +2h") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
+        when_s = float(value) if abs(value) < 1e15 else float("inf")
+    elif isinstance(value, str):
+        text = value.strip()
+        if len(text) > 100:
+            raise InvalidInput(field_name, f"time of {len(text)} characters is too long; use e.g. 2026-12-02T22:00")
+        for prefix in ("now+", "+"):
+            if text.startswith(prefix):
+                delay = parse_duration(text[len(prefix):], field_name)
+                if delay > MAX_BEGIN_AHEAD_S:
+                    raise InvalidInput(field_name, f"{value!r} is more than {format_duration(MAX_BEGIN_AHEAD_S)} "
+                                                   "ahead")
+                return now + delay
+        try:
+            when = datetime.fromisoformat(text)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            when_s = when.timestamp()
+        except (ValueError, OverflowError, OSError):
+            raise InvalidInput(field_name, f"cannot read time {_short(value)}; use e.g. 2026-12-02T22:00 or "
+                                           "+2h") from None
+    else:
+        raise InvalidInput(field_name, f"expected a time such as 2026-12-02T22:00 or +2h, got {_short(value)}")
+    if when_s != when_s or not 0 <= when_s <= now + MAX_BEGIN_AHEAD_S:
+        raise InvalidInput(field_name, f"{_short(value)} is not a time between 1970 and "
+                                       f"{format_duration(MAX_BEGIN_AHEAD_S)} from now")
+    return when_s

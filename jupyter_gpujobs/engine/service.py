@@ -32,6 +32,7 @@ from ..model import (
     Plan,
     Policy,
     format_duration,
+    resolve_cwd,
     validate_submission,
 )
 from .gpus import GPUBackend
@@ -542,10 +543,7 @@ class JobService:
         for dep in fields["depends"]:
             if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
-        if fields["cwd"] is None:
-            fields["cwd"] = str(self.root_dir)
-        elif not Path(fields["cwd"]).is_absolute():
-            fields["cwd"] = str(self.root_dir / fields["cwd"])
+        fields["cwd"] = resolve_cwd(fields["cwd"], str(self.root_dir))
         try:
             unix_user = run_as(user, self.run_as_owner)
         except NotAUnixUser as err:

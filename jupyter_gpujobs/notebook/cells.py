@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..model import format_duration, format_relative
+from ..model import format_duration, format_relative, safe_text
 from . import cell_job
 
 
@@ -108,7 +108,7 @@ def describe(job: dict[str, Any], now: float | None = None) -> str:
         pos = f"position {job['position']} in the queue" if job.get("position") else "queued"
         start = f"expected start {_ago(job.get('expected_start'), now)}"
         reason = f" ({job['reason']})" if job.get("reason") else ""
-        return f"{head} PENDING: {pos}, {start}{reason}"
+        return safe_text(f"{head} PENDING: {pos}, {start}{reason}")
     gpus = ",".join(str(i) for i in job.get("assigned_gpus") or []) or "none"
     if state == "RUNNING":
         elapsed = format_duration(now - job["started_at"]) if job.get("started_at") else "0s"
@@ -118,21 +118,24 @@ def describe(job: dict[str, Any], now: float | None = None) -> str:
     if job.get("started_at") and job.get("ended_at"):
         ran = f" after {format_duration(job['ended_at'] - job['started_at'])}"
     reason = f": {job['reason']}" if job.get("reason") and state != "COMPLETED" else ""
-    return f"{head} {state}{ran}{reason}"
+    return safe_text(f"{head} {state}{ran}{reason}")
 
 
 class Table:
-    """An HTML table with a text/plain fallback (for `%gpujobs list|queue|gpus`)."""
+    """An HTML table with a text/plain fallback (for `%gpujobs list|queue|gpus`). Cells show
+    control, bidi and zero-width characters escaped; `note` is a line under the table."""
 
-    def __init__(self, headers: list[str], rows: list[list[str]], text: str):
+    def __init__(self, headers: list[str], rows: list[list[str]], text: str, note: str = ""):
         self.headers = headers
-        self.rows = rows
-        self.text = text
+        self.rows = [[safe_text(cell) for cell in row] for row in rows]
+        self.text = text + (f"\n{note}" if note else "")
+        self.note = note
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
-        return f'<table class="gpujobs-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        note = f"<div>{html.escape(self.note)}</div>" if self.note else ""
+        return f'<table class="gpujobs-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}'
 
     def __repr__(self) -> str:
         return self.text
@@ -162,14 +165,17 @@ def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> Table:
                  format_jobs(jobs, now) if jobs else "no jobs")
 
 
-def queue_table(jobs: list[dict[str, Any]], now: float | None = None) -> Table:
+def queue_table(jobs: list[dict[str, Any]], now: float | None = None, total: int | None = None) -> Table:
+    """The queue's first jobs; `total`: how many are pending in all (a note says so when the
+    table shows fewer)."""
     from ..cli import format_queue
 
     now = time.time() if now is None else now
+    note = f"the first {len(jobs)} of {total} pending jobs" if total and total > len(jobs) else ""
     rows = [[str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", _gpus_text(j),
              j["priority"], _ago(j.get("expected_start"), now), j.get("reason") or ""] for j in jobs]
     return Table(["position", "id", "user", "name", "GPUs", "priority", "expected start", "reason"], rows,
-                 format_queue(jobs, now) if jobs else "queue is empty")
+                 format_queue(jobs, now) if jobs else "queue is empty", note)
 
 
 def gpus_table(gpus: list[dict[str, Any]]) -> Table:

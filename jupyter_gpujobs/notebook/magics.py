@@ -485,7 +485,8 @@ class GPUJobMagics(Magics):
         display(jobs_table(client.jobs(state=args.state, user=user, limit=args.limit)["jobs"]))
 
     def _gpujobs_queue(self, rest: str) -> None:
-        display(queue_table(self.client.queue()))
+        page = self.client.queue_page(limit=50)
+        display(queue_table(page["jobs"], total=page["total"]))
 
     def _gpujobs_gpus(self, rest: str) -> None:
         display(gpus_table(self.client.gpus()))

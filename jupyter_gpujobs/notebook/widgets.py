@@ -25,7 +25,7 @@ from typing import Any
 import ipywidgets as W
 
 from ..client import FINAL_STATES, GPUJobsClient, GPUJobsError
-from ..model import format_duration
+from ..model import format_duration, safe_text
 from .cells import (
     GPUJobFailed,
     _ago,
@@ -221,7 +221,7 @@ class JobWidget(_LiveWidget):
     def _render(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         job = self.job
-        name = html.escape(job.get("name") or job.get("kind") or "job")
+        name = html.escape(safe_text(job.get("name") or job.get("kind") or "job"))
         self.title.value = f"<b>job {self.job_id}</b> {name} <code>{html.escape(self.state)}</code>"
         self.status.value = html.escape(describe(job, now))
         if job.get("output_notebook"):
@@ -398,11 +398,14 @@ class QuotaWidget(_LiveWidget):
 
 
 class QueueWidget(_LiveWidget):
-    """The queue, live: pending jobs in scheduling order with owner, GPUs, position, expected
-    start and why each waits."""
+    """The queue, live: the first `limit` pending jobs in scheduling order with owner, GPUs,
+    position, expected start and why each waits, and how many wait in all."""
 
-    def __init__(self, client: GPUJobsClient | None = None, *, interval: float = 1.0, autostart: bool = True):
+    def __init__(self, client: GPUJobsClient | None = None, *, interval: float = 1.0, autostart: bool = True,
+                 limit: int = 50):
         self.jobs: list[dict[str, Any]] = []
+        self.total = 0
+        self.limit = limit
         self.table = W.HTML()
         self.title = W.HTML()
         super().__init__(client, interval, autostart=False)
@@ -413,15 +416,17 @@ class QueueWidget(_LiveWidget):
 
     def refresh(self) -> None:
         with self._lock:
-            self.jobs = self.client.queue()
+            page = self.client.queue_page(limit=self.limit)
+            self.jobs, self.total = page["jobs"], page["total"]
             self._render()
 
     def _render(self) -> None:
         from .cells import queue_table
 
-        n = len(self.jobs)
+        n = self.total
         self.title.value = f"<b>queue</b>: {n} pending job{'s' if n != 1 else ''}"
-        self.table.value = queue_table(self.jobs)._repr_html_() if self.jobs else "<i>queue is empty</i>"
+        self.table.value = (queue_table(self.jobs, total=n)._repr_html_() if self.jobs
+                            else "<i>queue is empty</i>")
 
 
 __all__ = ["JobWidget", "QuotaWidget", "QueueWidget", "job"]

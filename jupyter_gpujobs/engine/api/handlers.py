@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,68 @@ from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web, websocket
 
-from ...model import InvalidInput, JobState
+from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
 from ..service import JobService, NotFound, PermissionDenied
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
 SPEC_PATH = Path(__file__).with_name("openapi.json")
+#: How deep arrays and objects may nest in a request body (a submission needs 3 or 4).
+MAX_JSON_DEPTH = 32
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is too large a number")
+    return value
+
+
+def _too_deep(text: bytes, limit: int) -> bool:
+    """Do the arrays and objects of a JSON text nest deeper than `limit`? Counted on the bytes
+    before parsing (Python's parser recurses: a deep enough body costs a RecursionError)."""
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def parse_json_body(body: bytes, limit: int) -> Any:
+    """A request body as JSON, refused (ApiError 413/400 naming "body") when it is over `limit`
+    bytes, nests deeper than MAX_JSON_DEPTH, or holds NaN, Infinity or a number too large for a
+    float: no stored value or computation may meet a non-finite number."""
+    if len(body) > limit:
+        raise ApiError(413, "body", f"request body of {len(body)} bytes is over the limit of {limit}")
+    if not body:
+        return {}
+    if _too_deep(body, MAX_JSON_DEPTH):
+        raise ApiError(400, "body", f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ApiError(400, "body", f"request body is not valid JSON: {err}") from None
 
 
 def job_owner(handler: JupyterHandler) -> str:
@@ -68,39 +124,42 @@ class GPUJobsHandler(APIHandler):
         return job_owner(self)
 
     def json_body(self) -> Any:
-        limit = self.settings.get("gpujobs_max_body", 1 << 20)
-        if len(self.request.body) > limit:
-            raise ApiError(413, "body", f"request body of {len(self.request.body)} bytes is over the limit of {limit}")
-        if not self.request.body:
-            return {}
-        try:
-            return json.loads(self.request.body)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ApiError(400, "body", f"request body is not valid JSON: {err}") from None
+        return parse_json_body(self.request.body, self.settings.get("gpujobs_max_body", 1 << 20))
 
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
+        self.finish(json.dumps(data, allow_nan=False))
 
     def job_id(self, text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ApiError(400, "id", f"job id must be a number, got {text!r}") from None
+        return parse_id(text, "id")
 
-    def int_arg(self, name: str, default: int | None, low: int = 0, high: int | None = None) -> int | None:
+    def int_arg(self, name: str, default: int | None, low: int = 0, high: int = MAX_ID) -> int | None:
+        """A whole-number query argument between `low` and `high` (ASCII digits only)."""
         raw = self.get_argument(name, None)
         if raw is None or raw == "":
             return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ApiError(400, name, f"expected a whole number, got {raw!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ApiError(400, name, f"must be {bound}, got {value}")
+        text = raw.strip()
+        if not re.fullmatch(r"-?[0-9]{1,19}", text):
+            raise ApiError(400, name, f"expected a whole number, got {raw[:40]!r}")
+        value = int(text)
+        if value < low or value > high:
+            raise ApiError(400, name, f"must be between {low} and {high}, got {value}")
         return value
+
+    def text_arg(self, name: str, limit: int = 200) -> str | None:
+        """A text query argument (None when absent or empty), refused when it is longer than
+        `limit` characters or holds control characters."""
+        raw = self.get_argument(name, None)
+        if not raw:
+            return None
+        if len(raw) > limit:
+            raise ApiError(400, name, f"longer than {limit} characters")
+        try:
+            check_plain_text(raw, name)
+        except InvalidInput as err:
+            raise ApiError(400, name, err.message) from None
+        return raw
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -150,8 +209,10 @@ class JobsHandler(GPUJobsHandler):
                 raise ApiError(400, "state", f"unknown state {s!r}; states are {', '.join(JobState.__members__)}")
         limit = self.int_arg("limit", 100, low=1, high=1000)
         cursor = self.int_arg("cursor", None, low=1)
-        user = self.get_argument("user", None) or None
-        kind = self.get_argument("kind", None) or None
+        user = self.text_arg("user")
+        kind = self.text_arg("kind")
+        if kind is not None and kind not in JOB_KINDS:
+            raise ApiError(400, "kind", f"unknown kind {kind[:40]!r}; kinds are {', '.join(JOB_KINDS)}")
         jobs, nxt = self.service.store.list_jobs(state=states or None, user=user, limit=limit or 100,
                                                  cursor=cursor, kind=kind)
         self.reply({"jobs": [self.service.view(j) for j in jobs], "next": nxt})
@@ -193,12 +254,14 @@ class JobEndHandler(GPUJobsHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise ApiError(400, "body", "expected a JSON object")
-        state = str(body.get("state", "COMPLETED")).upper()
-        if state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            raise ApiError(400, "state", f"cannot end a job as {state!r}")
+        state = body.get("state", "COMPLETED")
+        if not isinstance(state, str) or state.upper() not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            raise ApiError(400, "state", f"cannot end a job as {str(state)[:40]!r}; "
+                                         "expected COMPLETED, FAILED, CANCELLED or TIMEOUT")
+        state = state.upper()
         reason = body.get("reason") or state.lower()
-        if not isinstance(reason, str):
-            raise ApiError(400, "reason", "expected a string")
+        if not isinstance(reason, str) or len(reason) > 2000 or "\x00" in reason:
+            raise ApiError(400, "reason", "expected a string of at most 2000 characters")
         job = self.service.finish_external(self.job_id(job_id), self.owner, JobState(state), reason)
         self.reply(self.service.view(job))
 
@@ -222,10 +285,22 @@ class JobEventsHandler(GPUJobsHandler):
 
 
 class QueueHandler(GPUJobsHandler):
+    """`GET queue?limit=&offset=&user=`: one page of the pending jobs in scheduling order, and
+    how many there are (`total`); `next` is the offset of the next page (null on the last)."""
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply({"jobs": [self.service.view(j) for j in self.service.queue()]})
+        limit = self.int_arg("limit", 100, low=1, high=1000) or 100
+        offset = self.int_arg("offset", 0) or 0
+        user = self.text_arg("user")
+        jobs = self.service.queue()
+        if user:
+            jobs = [j for j in jobs if j.user == user]
+        page = jobs[offset:offset + limit]
+        nxt = offset + limit if offset + limit < len(jobs) else None
+        self.reply({"jobs": [self.service.view(j) for j in page], "total": len(jobs), "offset": offset,
+                    "next": nxt})
 
 
 class WhoAmIHandler(GPUJobsHandler):
@@ -272,7 +347,7 @@ class QuotaHandler(GPUJobsHandler):
     async def get(self) -> None:
         from ..quota import quota_report
 
-        user = self.get_argument("user", None) or self.owner
+        user = self.text_arg("user") or self.owner
         if user != self.owner and not self.service.is_admin(self.owner):
             raise ApiError(403, "user", "only admins may see another user's quota")
         self.reply(quota_report(self.service, user))
@@ -294,8 +369,12 @@ class QuotaHandler(GPUJobsHandler):
         scope, name, quota = body.get("scope"), body.get("name"), body.get("quota")
         if scope not in ("users", "groups"):
             raise ApiError(400, "scope", "expected 'users' or 'groups'")
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name or len(name) > 200:
             raise ApiError(400, "name", "expected the user or group name")
+        try:
+            check_plain_text(name, "name")
+        except InvalidInput as err:
+            raise ApiError(400, "name", err.message) from None
         if quota is not None:
             try:
                 _quota("quota", quota)

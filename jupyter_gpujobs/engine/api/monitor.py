@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ...model import MAX_ID, InvalidInput, parse_id
 from ..monitor.diagnosis import KINDS
 from ..monitor.usage import heatmap_report, time_range, usage_report
 from .handlers import API, ApiError, GPUJobsHandler
@@ -50,7 +51,7 @@ class FindingsHandler(MonitorHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        kind = self.get_argument("kind", None) or None
+        kind = self.text_arg("kind")
         if kind is not None and kind not in KINDS:
             raise ApiError(400, "kind", f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
         job = self.int_arg("job", None, low=1)
@@ -73,8 +74,12 @@ class FindingResolveHandler(MonitorHandler):
     async def post(self) -> None:
         self.require_admin()
         body = self.json_body()
-        if not isinstance(body, dict) or not isinstance(body.get("id"), int) or isinstance(body.get("id"), bool):
-            raise ApiError(400, "id", "expected {\"id\": <finding id>}")
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected {\"id\": <finding id>}")
+        try:
+            parse_id(body.get("id"), "id")
+        except InvalidInput:
+            raise ApiError(400, "id", "expected {\"id\": <finding id>}, a whole number from 1 to 2^63-1") from None
         finding = self.monitor.resolve(body["id"], self.owner)
         if finding is None:
             raise ApiError(404, "id", f"no finding {body['id']}")
@@ -93,15 +98,17 @@ class DrainHandler(MonitorHandler):
         if unknown:
             raise ApiError(400, sorted(unknown)[0], "unknown field; expected gpu, host, draining, reason")
         gpu = body.get("gpu")
-        if not isinstance(gpu, int) or isinstance(gpu, bool):
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_ID:
             raise ApiError(400, "gpu", "expected the GPU index")
         host = body.get("host") or self.monitor.host
+        if not isinstance(host, str):
+            raise ApiError(400, "host", "expected a host name")
         draining = body.get("draining", True)
         if not isinstance(draining, bool):
             raise ApiError(400, "draining", "expected true or false")
         reason = body.get("reason") or ""
-        if not isinstance(reason, str):
-            raise ApiError(400, "reason", "expected a string")
+        if not isinstance(reason, str) or len(reason) > 2000 or "\x00" in reason:
+            raise ApiError(400, "reason", "expected a string of at most 2000 characters")
         if not any(g["host"] == host and g["index"] == gpu for g in self.service.gpu_views()):
             raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
         self.monitor.drain(host, gpu, draining, self.owner, reason)
@@ -134,7 +141,7 @@ class UsageHandler(MonitorHandler):
     @authorized
     async def get(self) -> None:
         since, until = self.range_args()
-        by = self.get_argument("by", "user")
+        by = self.text_arg("by") or "user"
         self.reply(usage_report(self.service.store, since, until, by, time.time()))
 
 

@@ -10,6 +10,7 @@ of raw readings behind it; an empty cell is None.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -25,26 +26,35 @@ WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 def parse_time(value: str | float | None, now: float, field: str, default: float) -> float:
     """Epoch seconds from `1767225600`, an ISO date or time (`2026-03-01`, `2026-03-01T12:00`,
-    local time unless it says its zone), `now`, or a duration before now (`7d`, `12h`)."""
+    local time unless it says its zone), `now`, or a duration before now (`7d`, `12h`).
+    The time must lie between 1970 and the year 3000 (NaN, Infinity and the like are refused)."""
     if value is None or value == "":
         return default
+    when = _read_time(value, now, field)
+    if not 0 <= when <= _YEAR_3000:  # also False for NaN
+        raise InvalidInput(field, f"{str(value)[:40]!r} is not a time between 1970 and 3000")
+    return when
+
+
+_YEAR_3000 = 32503680000.0
+
+
+def _read_time(value: str | float, now: float, field: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    text = str(value).strip()
+    text = str(value).strip()[:100]
     if text == "now":
         return now
-    try:
+    if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text):
         return float(text)
-    except ValueError:
-        pass
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         pass
     try:
         return now - parse_duration(text.lstrip("-"), field)
     except InvalidInput:
-        raise InvalidInput(field, f"cannot read {text!r}; use epoch seconds, a date such as 2026-03-01, "
+        raise InvalidInput(field, f"cannot read {text[:40]!r}; use epoch seconds, a date such as 2026-03-01, "
                                   "or a duration before now such as 7d") from None
 
 
