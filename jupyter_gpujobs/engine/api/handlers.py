@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -31,41 +32,41 @@ SPEC_PATH = Path(__file__).with_name("openapi.json")
 MAX_JSON_DEPTH = 32
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
+def _non_finite(value: Any) -> str | None:
+    """The path (`begin`, `env.X`, `depends[2]`) of the first NaN or infinite number in a
+    parsed JSON value, or None. JSON has no such numbers, but Python's parser reads `NaN`,
+    `Infinity` and `1e400` (as inf)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return path or "body"
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return None
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{text[:40]} is too large a number")
-    return value
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"[\[{][\]}]")
 
 
 def _too_deep(text: bytes, limit: int) -> bool:
     """Do the arrays and objects of a JSON text nest deeper than `limit`? Counted on the bytes
-    before parsing (Python's parser recurses: a deep enough body costs a RecursionError)."""
+    before parsing (Python's parser recurses, and so do checks of what it returns): the
+    brackets outside strings, less one level of innermost pairs per pass."""
     if text.count(b"[") + text.count(b"{") <= limit:
         return False
-    depth = 0
-    in_string = escaped = False
-    for byte in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return False
+    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        brackets, pairs = _INNERMOST.subn(b"", brackets)
+        if not brackets:
+            return False
+        if not pairs:  # unbalanced: no valid JSON either
+            break
+    return True
 
 
 def parse_json_body(body: bytes, limit: int) -> Any:
@@ -78,10 +79,23 @@ def parse_json_body(body: bytes, limit: int) -> Any:
         return {}
     if _too_deep(body, MAX_JSON_DEPTH):
         raise ApiError(400, "body", f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels")
+    non_finite: list[float] = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            non_finite.append(value)
+        return value
+
     try:
-        return json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        value = json.loads(body, parse_constant=number, parse_float=number)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise ApiError(400, "body", f"request body is not valid JSON: {err}") from None
+    bad = _non_finite(value) if non_finite else None
+    if bad:
+        raise ApiError(400, bad, "expected a finite number; NaN, Infinity and numbers too large for a double "
+                                 "are not allowed")
+    return value
 
 
 def job_owner(handler: JupyterHandler) -> str:
