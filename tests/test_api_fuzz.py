@@ -44,7 +44,8 @@ def test_fuzz_the_served_spec(live_server: Callable[..., Any], tmp_path: Path) -
         "--workers", "1", "--continue-on-failure", "--no-shrink", "--request-timeout", "20",
         "--report", "junit", "--report-dir", str(report),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env={**os.environ, "NO_COLOR": "1"})
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,  # its caches go there
+                          env={**os.environ, "NO_COLOR": "1"})
     tail = done.stdout[-12000:] + done.stderr[-3000:]
     assert done.returncode == 0, tail
     assert "Server error" not in done.stdout, tail
