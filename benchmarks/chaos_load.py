@@ -1,0 +1,187 @@
+"""Re-dispatch latency under polling load: a live server with fake GPUs, 10,000 jobs queued,
+and 50 clients polling `GET queue` (the first page) as the widgets and the panel do.
+
+    .venv/bin/python benchmarks/chaos_load.py [--quick] [--clients 50] [--interval 1.0]
+
+Every queued job records, on its GPU, when it starts and when it ends (`date +%s.%N` in the
+job itself), runs a fraction of a second, and the next job takes its GPU. The re-dispatch
+latency is the time from one job's last instruction to the next job's first on the same GPU:
+exit noticed + scheduling cycle over the deep queue + supervisor start + exec. It is measured
+twice on the same server and queue: with no client polling (the baseline, same run) and with
+the polling clients. Targets: p99 <= 100 ms under the load, and the ratio to the baseline.
+
+The clients are bounded in number and time, and talk to the loopback interface only.
+`run(quick=False)` returns the figures (`benchmarks/chaos.py` calls it); run alone it prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import LiveServer, stop_job_processes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_api import start_server  # noqa: E402
+
+QUEUED = 10_000
+GPUS = 4
+JOB_SECONDS = 0.3
+
+
+def _job(marks: Path) -> list[str]:
+    stamp = '"$GPUJOBS_GPU_UUIDS $(date +%s.%N)"'
+    return ["sh", "-c", f"echo {stamp} > {marks}/s$GPUJOBS_JOB_ID; sleep {JOB_SECONDS}; "
+                        f"echo {stamp} > {marks}/e$GPUJOBS_JOB_ID"]
+
+
+def _queue(server: LiveServer, marks: Path, n: int) -> None:
+    """`n` jobs behind the running ones, as arrays of at most 10,000 tasks."""
+    client = server.client()
+    client.timeout = 300
+    left = n
+    while left > 0:
+        size = min(left, 10_000)
+        client.submit(_job(marks), gpus=1, time_limit="10m", name="load", array=f"0-{size - 1}")
+        left -= size
+
+
+def _latencies(marks: Path, since: float, until: float) -> list[float]:
+    """Seconds from each job's end to the next job's start on the same GPU, for the ends that
+    fall in [since, until)."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for start in marks.glob("s*"):
+        end = marks / ("e" + start.name[1:])
+        try:
+            gpu, t0 = start.read_text().split()
+            t1 = float(end.read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # still running, or cut off
+        runs.setdefault(gpu, []).append((float(t0), t1))
+    out = []
+    for intervals in runs.values():
+        intervals.sort()
+        for (_, prev_end), (next_start, _) in zip(intervals, intervals[1:]):
+            if since <= prev_end < until:
+                out.append(next_start - prev_end)
+    return out
+
+
+async def _poller(server: LiveServer, interval: float, stop_at: float, counts: list[int], sizes: list[int],
+                  offset: float) -> None:
+    """One client: `GET queue` (the first page) every `interval` seconds on a keep-alive
+    connection until `stop_at`, keeping the login cookie as the Python client and browsers do."""
+    head = (f"GET {server.base_url}gpujobs/api/queue HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: token {server.token}\r\n").encode()
+    request = head + b"\r\n"
+    await asyncio.sleep(offset)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        while time.time() < stop_at:
+            began = time.monotonic()
+            writer.write(request)
+            status = await reader.readline()
+            assert status.split()[1] == b"200", status
+            length, cookie = 0, b""
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+                elif name.lower() == b"set-cookie":
+                    cookie = value.strip().split(b";")[0]
+            await reader.readexactly(length)
+            if cookie:
+                request = head + b"Cookie: " + cookie + b"\r\n\r\n"
+            counts.append(1)
+            sizes.append(length)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+    finally:
+        writer.close()
+
+
+async def _load(server: LiveServer, clients: int, interval: float, seconds: float) -> tuple[float, int]:
+    counts: list[int] = []
+    sizes: list[int] = []
+    stop_at = time.time() + seconds
+    await asyncio.gather(*(_poller(server, interval, stop_at, counts, sizes, i * interval / clients)
+                           for i in range(clients)))
+    return len(counts) / seconds, (max(sizes) if sizes else 0)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run(quick: bool = False, clients: int = 50, interval: float = 1.0, queued: int = QUEUED) -> dict[str, float]:
+    """Start a server with fake GPUs, queue `queued` jobs, measure re-dispatch latency with no
+    client and then with `clients` clients polling every `interval` s; print and return it."""
+    seconds = 10.0 if quick else 40.0
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        marks = tmp / "marks"
+        marks.mkdir()
+        server = start_server(tmp / "server", f"{GPUS}xA100")
+        try:
+            t0 = time.time()
+            _queue(server, marks, queued + int(4 * seconds * GPUS / JOB_SECONDS))
+            queued_s = time.time() - t0
+            time.sleep(3.0)  # the first cycles over the deep queue, the first jobs started
+            idle_from = time.time()
+            time.sleep(seconds)
+            load_from = time.time()
+            polls_per_s, reply_bytes = asyncio.run(_load(server, clients, interval, seconds))
+            load_until = time.time()
+            time.sleep(2 * JOB_SECONDS + 1.0)  # the last measured ends get their successors
+            pending = server.client().queue_page(limit=1)["total"]
+        finally:
+            server.stop()
+            stop_job_processes(server.state_dir / "run")
+        idle = _latencies(marks, idle_from, load_from)
+        loaded = _latencies(marks, load_from, load_until)
+    if not idle or not loaded:
+        raise RuntimeError(f"too few dispatches measured (idle {len(idle)}, under load {len(loaded)})")
+    result = {
+        "redispatch_p50_ms": _pct(loaded, 0.5) * 1000,
+        "redispatch_p99_ms": _pct(loaded, 0.99) * 1000,
+        "idle_redispatch_p50_ms": _pct(idle, 0.5) * 1000,
+        "idle_redispatch_p99_ms": _pct(idle, 0.99) * 1000,
+        "dispatches_measured": float(len(loaded)),
+        "polls_per_s": polls_per_s,
+        "queue_reply_kb": reply_bytes / 1024,
+        "pending_jobs_after": float(pending),
+        "queue_seconds": queued_s,
+    }
+    print(f"re-dispatch latency with {clients} clients polling GET queue every {interval:g} s, "
+          f"{pending} jobs pending, {GPUS} fake GPUs:")
+    print(f"  under load: p50 {result['redispatch_p50_ms']:.1f} ms, p99 {result['redispatch_p99_ms']:.1f} ms "
+          f"(target p99 <= 100 ms) over {len(loaded)} dispatches; {polls_per_s:.0f} polls/s answered, "
+          f"{result['queue_reply_kb']:.0f} KiB each")
+    print(f"  baseline, no client: p50 {result['idle_redispatch_p50_ms']:.1f} ms, "
+          f"p99 {result['idle_redispatch_p99_ms']:.1f} ms over {len(idle)} dispatches; "
+          f"ratio p99 {result['redispatch_p99_ms'] / result['idle_redispatch_p99_ms']:.2f}, "
+          f"p50 {statistics.median(loaded) / statistics.median(idle):.2f}")
+    print(f"  (queueing {queued} jobs took {queued_s:.1f} s)")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="10 s per phase instead of 40")
+    p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between one client's polls")
+    p.add_argument("--queued", type=int, default=QUEUED)
+    args = p.parse_args()
+    if not 1 <= args.clients <= 200 or args.interval < 0.01:
+        p.error("--clients is 1 to 200 and --interval at least 0.01 s")
+    run(args.quick, args.clients, args.interval, args.queued)
+
+
+if __name__ == "__main__":
+    main()
