@@ -52,10 +52,12 @@ def _queue(server: LiveServer, marks: Path, n: int) -> None:
         left -= size
 
 
-def _latencies(marks: Path, since: float, until: float) -> list[float]:
-    """Seconds from each job's end to the next job's start on the same GPU, for the ends that
-    fall in [since, until)."""
-    runs: dict[str, list[tuple[float, float]]] = {}
+def _latencies(marks: Path, since: float, until: float,
+               records: dict[int, dict[str, float]] | None = None) -> list[tuple[float, float, float]]:
+    """For each job's end in [since, until): (seconds to the next job's first instruction on the
+    same GPU, of which until the engine recorded the end, and from the engine's start of the
+    next job to its first instruction), the last two when `records` has the jobs' times."""
+    runs: dict[str, list[tuple[float, float, int]]] = {}
     for start in marks.glob("s*"):
         end = marks / ("e" + start.name[1:])
         try:
@@ -63,13 +65,17 @@ def _latencies(marks: Path, since: float, until: float) -> list[float]:
             t1 = float(end.read_text().split()[1])
         except (OSError, ValueError, IndexError):
             continue  # still running, or cut off
-        runs.setdefault(gpu, []).append((float(t0), t1))
+        runs.setdefault(gpu, []).append((float(t0), t1, int(start.name[1:])))
     out = []
+    records = records or {}
     for intervals in runs.values():
         intervals.sort()
-        for (_, prev_end), (next_start, _) in zip(intervals, intervals[1:]):
+        for (_, prev_end, prev_id), (next_start, _, next_id) in zip(intervals, intervals[1:]):
             if since <= prev_end < until:
-                out.append(next_start - prev_end)
+                ended = records.get(prev_id, {}).get("ended_at")
+                started = records.get(next_id, {}).get("started_at")
+                out.append((next_start - prev_end, (ended - prev_end) if ended else float("nan"),
+                            (next_start - started) if started else float("nan")))
     return out
 
 
@@ -139,12 +145,23 @@ def run(quick: bool = False, clients: int = 50, interval: float = 1.0, queued: i
             polls_per_s, reply_bytes = asyncio.run(_load(server, clients, interval, seconds))
             load_until = time.time()
             time.sleep(2 * JOB_SECONDS + 1.0)  # the last measured ends get their successors
-            pending = server.client().queue_page(limit=1)["total"]
+            client = server.client()
+            pending = client.queue_page(limit=1)["total"]
+            records: dict[int, dict[str, float]] = {}
+            cursor = None
+            while len(records) < 5000:
+                page = client.jobs(state="COMPLETED", limit=1000, cursor=cursor)
+                records.update({j["id"]: j for j in page["jobs"]})
+                cursor = page["next"]
+                if cursor is None:
+                    break
         finally:
             server.stop()
             stop_job_processes(server.state_dir / "run")
-        idle = _latencies(marks, idle_from, load_from)
-        loaded = _latencies(marks, load_from, load_until)
+        idle_parts = _latencies(marks, idle_from, load_from, records)
+        loaded_parts = _latencies(marks, load_from, load_until, records)
+        idle = [p[0] for p in idle_parts]
+        loaded = [p[0] for p in loaded_parts]
     if not idle or not loaded:
         raise RuntimeError(f"too few dispatches measured (idle {len(idle)}, under load {len(loaded)})")
     result = {
@@ -168,6 +185,14 @@ def run(quick: bool = False, clients: int = 50, interval: float = 1.0, queued: i
           f"ratio p99 {result['redispatch_p99_ms'] / result['idle_redispatch_p99_ms']:.2f}, "
           f"p50 {statistics.median(loaded) / statistics.median(idle):.2f}")
     print(f"  (queueing {queued} jobs took {queued_s:.1f} s)")
+    for name, parts in (("under load", loaded_parts), ("baseline", idle_parts)):
+        exits = [p[1] for p in parts if p[1] == p[1]]
+        starts = [p[2] for p in parts if p[2] == p[2]]
+        if exits and starts:
+            print(f"  {name}, medians: end of a job to its end recorded {statistics.median(exits) * 1000:.1f} ms; "
+                  f"recorded start to the job's first instruction {statistics.median(starts) * 1000:.1f} ms; "
+                  f"the engine in between (cycle, launch) "
+                  f"{(statistics.median([p[0] for p in parts]) - statistics.median(exits) - statistics.median(starts)) * 1000:.1f} ms")
     return result
 
 

@@ -153,6 +153,7 @@ class JobService:
         self._listeners: set[Listener] = set()
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
         self._wake: asyncio.Event | None = None
+        self._freed = asyncio.Event()  # a running job ended: its GPUs are free (ends a cycle's rest)
         self._submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
         self._burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
         self._burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
@@ -191,6 +192,7 @@ class JobService:
         self._load_usage()
         self.reconcile()
         self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
         self._tasks = [
             asyncio.ensure_future(self._schedule_loop()),
             asyncio.ensure_future(self._poll_loop()),
@@ -316,7 +318,14 @@ class JobService:
             # Under load cycles over a long queue would run back to back and starve the
             # handlers: rest three times as long as the scheduling itself took.
             # (Only the decision counts: starting processes is not what grows with the queue.)
-            await asyncio.sleep(max(0.005, 3 * self.schedule_seconds))
+            # A GPU that frees meanwhile ends the rest: there are only as many of those as
+            # GPUs, and a freed GPU should not idle for the requests of polling clients.
+            rest = loop.call_later(max(0.005, 3 * self.schedule_seconds), self._freed.set)
+            try:
+                await self._freed.wait()
+            finally:
+                rest.cancel()
+            self._freed.clear()
 
     async def _poll_loop(self) -> None:
         while True:
@@ -780,6 +789,7 @@ class JobService:
         else:
             state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
         self._set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
+        self._freed.set()
 
     # ================================================================= the cycle
 

@@ -206,6 +206,9 @@ export interface ISubmitNotebook {
   payload: { notebook: string; parameters: { [key: string]: any } };
 }
 
+/** How many jobs of the queue the panel shows (the server pages `GET queue`). */
+export const QUEUE_PAGE = 50;
+
 export const api = {
   whoami: () => requestAPI<IWhoAmI>('whoami'),
   gpus: () => requestAPI<IGPUInventory>('gpus'),
@@ -214,7 +217,11 @@ export const api = {
       `jobs?user=${encodeURIComponent(user)}&limit=${limit}`
     ),
   job: (id: number) => requestAPI<IJob>(`jobs/${id}`),
-  queue: () => requestAPI<{ jobs: IJob[] }>('queue'),
+  /** The first `limit` pending jobs in scheduling order, and how many are pending in all. */
+  queue: (limit = QUEUE_PAGE) =>
+    requestAPI<{ jobs: IJob[]; total: number; offset: number; next: number | null }>(
+      `queue?limit=${limit}`
+    ),
   quota: () => requestAPI<IQuota>('quota'),
   cancel: (id: number) => requestAPI<IJob>(`jobs/${id}`, { method: 'DELETE' }),
   submit: (body: ISubmitNotebook) =>

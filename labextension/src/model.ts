@@ -35,7 +35,9 @@ export class GPUJobsModel {
   gpus: IGPU[] = [];
   backend = '';
   myJobs: IJob[] = [];
+  /** The head of the queue (one page); `queueTotal` jobs are pending in all. */
   queue: IJob[] = [];
+  queueTotal = 0;
   quota: IQuota | null = null;
   /** null until the first answer; then the last error or null. */
   error: APIError | null = null;
@@ -147,6 +149,7 @@ export class GPUJobsModel {
       this.gpus = inventory.gpus;
       this.backend = inventory.backend;
       this.queue = queue.jobs;
+      this.queueTotal = queue.total;
       this.quota = quota;
       const fresh = jobs.jobs.map(job => {
         const mine = this.myJobs.find(j => j.id === job.id);

@@ -100,8 +100,8 @@ function PanelView(props: {
           <Section title="My jobs" name="myjobs" count={model.myJobs.length}>
             <MyJobs jobs={model.myJobs} now={now} actions={actions} />
           </Section>
-          <Section title="Queue" name="queue" count={model.queue.length}>
-            <Queue jobs={model.queue} now={now} me={model.user} />
+          <Section title="Queue" name="queue" count={model.queueTotal}>
+            <Queue jobs={model.queue} total={model.queueTotal} now={now} me={model.user} />
           </Section>
           <Section title="My quota" name="quota">
             <Quota quota={model.quota} />
@@ -487,6 +487,7 @@ function Elapsed(props: { job: IJob; now: number }): React.ReactElement {
 
 function Queue(props: {
   jobs: IJob[];
+  total: number;
   now: number;
   me: string | null;
 }): React.ReactElement {
@@ -531,6 +532,15 @@ function Queue(props: {
           </tr>
         ))}
       </tbody>
+      {props.total > props.jobs.length && (
+        <tfoot>
+          <tr>
+            <td colSpan={4} className="jp-GPUJobs-hint">
+              the first {props.jobs.length} of {props.total} pending jobs
+            </td>
+          </tr>
+        </tfoot>
+      )}
     </table>
   );
 }
