@@ -241,6 +241,20 @@ def test_kernels_are_refused_with_a_clear_message(server: Any) -> None:
     assert err.value.field == "kind" and "Slurm" in err.value.message
 
 
+def test_a_restarted_engine_picks_up_its_slurm_jobs(server: Any) -> None:
+    with server.client() as client:
+        running = client.submit(["sh", "-c", "sleep 4; echo survived"], gpus=1, time_limit="5m")
+        wait_state(client, running["id"], ("RUNNING",))
+    server.kill()  # SIGKILL: Slurm keeps running the job
+    server.start()
+    with server.client() as client:
+        pending = client.submit(["true"], gpus=1, time_limit="5m")
+        done = client.wait(running["id"], timeout=30)
+        assert client.wait(pending["id"], timeout=30)["state"] == "COMPLETED"
+        log = client.log(running["id"])["data"]
+    assert done["state"] == "COMPLETED" and "survived" in log, done
+
+
 def test_time_limit_ends_the_job_as_timeout(server: Any, time_limit_job: dict[str, Any]) -> None:
     with server.client() as client:
         done = client.wait(time_limit_job["id"], timeout=150)
@@ -251,5 +265,5 @@ def test_time_limit_ends_the_job_as_timeout(server: Any, time_limit_job: dict[st
 
 def test_ignored_settings_are_logged_once(server: Any) -> None:
     text = server.server_log()
-    assert text.count("these c.GPUJobs settings are ignored") == 1
+    assert text.count("these c.GPUJobs settings are ignored") == server.server_log().count("Serving notebooks from")
     assert "c.GPUJobs.backfill" in text
