@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     fd.add_argument("--all", action="store_true", help="closed findings too (default: open ones)")
     fd.add_argument("--json", action="store_true")
 
+    sub.add_parser("engine", help="run this machine's shared engine for every user (as root; "
+                   "--socket, --state-dir, --db-url, --admin-group, --config; see docs/shared-server.md)",
+                   add_help=False)
     ks = sub.add_parser("kernelspec", help="install GPU kernelspecs")
     ks_sub = ks.add_subparsers(dest="ks_cmd", metavar="ACTION", parser_class=_Parser)
     ki = ks_sub.add_parser("install", help="write a kernelspec whose kernels queue for GPUs")
@@ -437,8 +440,14 @@ def _monitor_command(client: GPUJobsClient, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["engine"]:  # a long-running server with Jupyter-style (traitlets) options
+        from .engine.app import EngineApp
+
+        EngineApp.launch_instance(args[1:])
+        return
     try:
-        code = run(sys.argv[1:] if argv is None else argv)
+        code = run(args)
         sys.stdout.flush()  # here, so that a reader gone early (`| head`) is caught below
     except BrokenPipeError:
         # the reader of our output closed it (`jupyter gpujobs list | head`): stop quietly, as Unix

@@ -2,7 +2,10 @@
 (`AsyncGPUJobsClient`). The CLI, the magics, the widgets and the kernel provisioner all use it.
 
 With no arguments it finds the engine by itself: `GPUJOBS_URL` / `GPUJOBS_TOKEN` (set in every
-kernel and job the server starts), else the running Jupyter servers in Jupyter's runtime dir.
+kernel and job the server starts), else `GPUJOBS_SOCKET` or the machine's shared engine at
+`/run/jupyter-gpujobs/engine.sock`, else the running Jupyter servers in Jupyter's runtime dir.
+A shared engine is reached on its Unix socket (`unix:///path/engine.sock`) with no token: it
+knows the caller by the uid of the calling process.
 
     from jupyter_gpujobs.client import GPUJobsClient
     jobs = GPUJobsClient()
@@ -26,6 +29,9 @@ from typing import Any
 import httpx
 
 API = "gpujobs/api/"
+SHARED_SOCKET = "/run/jupyter-gpujobs/engine.sock"
+_UNIX = "unix://"
+_UNIX_BASE = "http://gpujobs-engine/"  # the URL a request over the socket names (any host will do)
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST")
 
 
@@ -68,10 +74,13 @@ def _running_servers() -> list[dict[str, Any]]:
 def find_server(url: str | None = None, token: str | None = None) -> tuple[str, str]:
     """(base URL ending in '/', token) of the engine to talk to."""
     if url:
-        return url.rstrip("/") + "/", token if token is not None else os.environ.get("GPUJOBS_TOKEN", "")
+        return _with_token(url, token)
     env_url = os.environ.get("GPUJOBS_URL")
     if env_url:
-        return env_url.rstrip("/") + "/", token if token is not None else os.environ.get("GPUJOBS_TOKEN", "")
+        return _with_token(env_url, token)
+    sock = os.environ.get("GPUJOBS_SOCKET") or (SHARED_SOCKET if os.path.exists(SHARED_SOCKET) else None)
+    if sock:
+        return _UNIX + sock, ""
     candidates = _running_servers()
     for info in candidates:
         base = info.get("url", "").rstrip("/") + "/"
@@ -91,6 +100,35 @@ def find_server(url: str | None = None, token: str | None = None) -> tuple[str, 
         "no running Jupyter server with jupyter-gpujobs found; start one with `jupyter lab`, "
         "or pass --url and --token (or set GPUJOBS_URL and GPUJOBS_TOKEN)"
     )
+
+
+def _with_token(url: str, token: str | None) -> tuple[str, str]:
+    if url.startswith(_UNIX):
+        return url.rstrip("/"), ""  # the socket knows who calls: a token would mean nothing
+    return url.rstrip("/") + "/", token if token is not None else os.environ.get("GPUJOBS_TOKEN", "")
+
+
+def http_target(url: str) -> tuple[str, str | None]:
+    """(base URL for requests, Unix socket path or None) of an engine URL from `find_server`."""
+    if url.startswith(_UNIX):
+        return _UNIX_BASE, url[len(_UNIX):]
+    return url, None
+
+
+class UnixResolver:
+    """A tornado resolver that sends every connection to one Unix socket (for websockets and
+    tornado's HTTP client to a shared engine)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    async def resolve(self, host: str, port: int, family: int = 0) -> list[tuple[int, Any]]:
+        import socket
+
+        return [(socket.AF_UNIX, self.path)]
+
+    def close(self) -> None:
+        pass
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -218,7 +256,9 @@ class GPUJobsClient(_Calls):
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url, self.token = find_server(url, token)
-        self._http = httpx.Client(base_url=self.url + API, headers=_auth(self.token), timeout=timeout)
+        base, sock = http_target(self.url)
+        self._http = httpx.Client(base_url=base + API, headers=_auth(self.token), timeout=timeout,
+                                  transport=httpx.HTTPTransport(uds=sock) if sock else None)
 
     def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
               body: Any = None, pick: Callable[[Any], Any] | None = None) -> Any:
@@ -267,7 +307,9 @@ class AsyncGPUJobsClient(_Calls):
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url, self.token = find_server(url, token)
-        self._http = httpx.AsyncClient(base_url=self.url + API, headers=_auth(self.token), timeout=timeout)
+        base, sock = http_target(self.url)
+        self._http = httpx.AsyncClient(base_url=base + API, headers=_auth(self.token), timeout=timeout,
+                                       transport=httpx.AsyncHTTPTransport(uds=sock) if sock else None)
 
     async def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
                     pick: Callable[[Any], Any] | None) -> Any:
@@ -296,8 +338,10 @@ class AsyncGPUJobsClient(_Calls):
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
-        ws_url = "ws" + self.url[len("http"):] + API + "events"
-        conn = await websocket_connect(HTTPRequest(ws_url, headers=_auth(self.token)))
+        base, sock = http_target(self.url)
+        ws_url = "ws" + base[len("http"):] + API + "events"
+        conn = await websocket_connect(HTTPRequest(ws_url, headers=_auth(self.token)),
+                                       resolver=UnixResolver(sock) if sock else None)
         try:
             while True:
                 msg = await conn.read_message()

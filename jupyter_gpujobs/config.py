@@ -241,6 +241,22 @@ class GPUJobs(Configurable):
                    help="Confine each job in its own cgroup (its whole process tree, a device fence "
                         "on its GPUs, --mem/--cpus limits): 'auto' where the host lets the engine write "
                         "cgroups (root); 'off' keeps to subreaper supervision and CUDA_VISIBLE_DEVICES.")
+    engine_url = Unicode("", config=True,
+                         help="The shared engine this server forwards to, e.g. "
+                              "'unix:///run/jupyter-gpujobs/engine.sock'. Empty: that default socket when it "
+                              "exists, else this server hosts its own engine (a personal deployment).")
+    engine_socket = Unicode("/run/jupyter-gpujobs/engine.sock", config=True,
+                            help="The Unix socket the shared engine (`jupyter gpujobs engine`) listens on.")
+    admin_group = Unicode("gpujobs-admins", config=True,
+                          help="Shared engine: members of this Unix group (and root) are admins.")
+    private_data = Bool(None, allow_none=True, config=True,
+                        help="Show another user's job only as its queue view (id, owner, GPUs, state, "
+                             "position, expected start, reason), its command, cwd, payload, log, events and "
+                             "stats only to its owner and admins, as Slurm's PrivateData=jobs. None: on for the "
+                             "shared engine and a server with named users, off for a personal server.")
+    claim_dir = Unicode("/run/lock/jupyter-gpujobs", config=True,
+                        help="Machine-wide directory of the GPU claims: an engine locks its GPUs there so no "
+                             "other engine on the machine hands them out.")
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")

@@ -31,10 +31,12 @@ from ..model import (
     JobState,
     Plan,
     Policy,
+    Reasons,
     format_duration,
     resolve_cwd,
     validate_submission,
 )
+from .claim import GPUClaim
 from .gpus import GPUBackend
 from .runners import Exit, LaunchRequest, LocalRunner
 from .runners.cgroups import FENCE_OFF
@@ -104,6 +106,9 @@ class JobService:
         run_as_owner: str = "auto",
         job_python: str = "",
         clock: Callable[[], float] = time.time,
+        admin_group: str | None = None,
+        private_data: bool = False,
+        gpu_claim: GPUClaim | None = None,
     ):
         self.store = store
         self.gpus = gpus
@@ -125,6 +130,9 @@ class JobService:
         self.job_python = job_python  # the Python of notebook jobs ("": the engine's)
         self.clock = clock
         self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
+        self.admin_group = admin_group  # members of this Unix group are admins (shared engine)
+        self.private_data = private_data  # others' jobs show only their queue view (PrivateData=jobs)
+        self.gpu_claim = gpu_claim  # the machine-wide claim of the GPUs (claim.py); None: not claimed
 
         # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
         # `_pending` to the scheduler as it is, without a pass over 10k jobs
@@ -149,6 +157,7 @@ class JobService:
         # pending jobs the scheduler could not handle: id -> (what was wrong, the error). They
         # wait with that reason, outside the cycle, until an admin cancels them (or a restart)
         self.set_aside: dict[int, tuple[str, str]] = {}
+        self._refusing = False  # another engine owns the GPUs (said once in the log)
         self._warned: set[int] = set()
         self._listeners: set[Listener] = set()
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
@@ -444,9 +453,26 @@ class JobService:
 
     # ================================================================= queries
 
-    def view(self, job: Job) -> dict[str, Any]:
+    def may_see(self, job: Job | dict[str, Any], viewer: str | None) -> bool:
+        """Whether `viewer` may see a job's private data (command, cwd, environment, payload,
+        log, events detail, stats): its owner and admins always, others only when the engine
+        does not keep jobs private (`c.GPUJobs.private_data`). None: the engine itself."""
+        owner = job["user"] if isinstance(job, dict) else job.user
+        return viewer is None or not self.private_data or viewer == owner or self.is_admin(viewer)
+
+    def check_may_see(self, job: Job, viewer: str | None) -> None:
+        if not self.may_see(job, viewer):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; its details are private "
+                                   "(only its owner and admins see them)")
+
+    def view(self, job: Job, viewer: str | None = None) -> dict[str, Any]:
         """A job as the API shows it (with its queue position, reason and expected start).
-        A stored copy of an active job is shown as the engine knows it now."""
+        A stored copy of an active job is shown as the engine knows it now. To a `viewer` who
+        may not see its private data, only its queue view (`redact`)."""
+        out = self._view(job)
+        return out if self.may_see(job, viewer) else redact(out)
+
+    def _view(self, job: Job) -> dict[str, Any]:
         job = self.active_job(job.id) or job
         reason = job.reason
         position = None
@@ -515,8 +541,27 @@ class JobService:
         self._pending.pop(job_id, None)
         self._running.pop(job_id, None)
 
+    def root_for(self, user: str) -> Path:
+        """Where a user's relative paths start: the server's root dir, or on an engine that runs
+        jobs as their owners, the owner's home."""
+        try:
+            unix_user = run_as(user, self.run_as_owner)
+        except NotAUnixUser:
+            return self.root_dir
+        if unix_user is not None:
+            import pwd
+
+            return Path(pwd.getpwnam(unix_user).pw_dir)
+        return self.root_dir
+
     def is_admin(self, user: str) -> bool:
-        return user in self.admin_users
+        if user in self.admin_users:
+            return True
+        if self.admin_group is None:
+            return False
+        from .api.identity import in_unix_group
+
+        return user == "root" or in_unix_group(user, self.admin_group)
 
     # ================================================================= commands
 
@@ -552,7 +597,8 @@ class JobService:
         for dep in fields["depends"]:
             if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
-        fields["cwd"] = resolve_cwd(fields["cwd"], str(self.root_dir))
+        root = self.root_for(user)
+        fields["cwd"] = resolve_cwd(fields["cwd"], str(root))
         try:
             unix_user = run_as(user, self.run_as_owner)
         except NotAUnixUser as err:
@@ -568,7 +614,7 @@ class JobService:
         if fields["kind"] == "notebook":
             from ..notebook.notebooks import check_notebook_payload
 
-            fields["payload"] = check_notebook_payload(fields["payload"], self.root_dir)
+            fields["payload"] = check_notebook_payload(fields["payload"], root)
         array = fields.pop("array")
         limit = fields.pop("array_max_running")
         base = {**fields, "user": user}
@@ -621,7 +667,7 @@ class JobService:
             from ..notebook.notebooks import notebook_command
 
             for i, job in enumerate(jobs):
-                command, payload = notebook_command(job, self.root_dir, self.job_python or None)
+                command, payload = notebook_command(job, self.root_for(job.user), self.job_python or None)
                 self.store.update_job(job.id, command=command, payload=payload)
                 jobs[i] = replace(job, command=command, payload=payload)
         for job in jobs:
@@ -800,6 +846,11 @@ class JobService:
             self._burst_timer.cancel()
             self._burst_timer = None
         now = self.clock()
+        if self.gpu_claim is not None and not self.gpu_claim.acquire():
+            return self._refuse_all(now)
+        if self._refusing:
+            log.warning("gpujobs: the other engine is gone; this engine now owns the GPUs")
+            self._refusing = False
         gpus = [g for g in self.inventory]
         pending = self._pending  # handed to schedule() as it is: it neither keeps nor changes it
         if self.set_aside:
@@ -907,6 +958,21 @@ class JobService:
         self._publish(job, {"job_id": job.id, "time": self.clock(), "state": "PENDING", "actor": "scheduler",
                             "reason": reason})
 
+    def _refuse_all(self, now: float) -> Plan:
+        """A cycle of an engine whose GPUs another engine owns: nothing starts, and every
+        pending job says why."""
+        assert self.gpu_claim is not None
+        reason = self.gpu_claim.refusal()
+        if not self._refusing:
+            log.error("gpujobs: %s", reason)
+            self._refusing = True
+        order = sorted(self._pending)
+        self._plan = Plan(order=order, reasons=Reasons({jid: reason for jid in order}))
+        self._plan_at = now
+        self._waiting = order
+        self._positions = None
+        return self._plan
+
     def current_policy(self) -> Policy:
         if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
             return self.policy
@@ -977,7 +1043,7 @@ class JobService:
             request = LaunchRequest(
                 job_id=job.id,
                 command=list(job.command),
-                cwd=job.cwd or str(self.root_dir),
+                cwd=job.cwd or str(self.root_for(job.user)),
                 env=env,
                 gpu_indices=[g.index for g in gpus],
                 gpu_uuids=[g.uuid for g in gpus],
@@ -1041,6 +1107,23 @@ def _out_of_range(job: Job) -> str | None:
     if not isinstance(job.gpus, int) or job.gpus < 0:
         return "GPU count out of range"
     return None
+
+
+#: What anyone may see of any job: the queue view (Slurm's PrivateData=jobs).
+PUBLIC_FIELDS = frozenset({
+    "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
+    "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "priority",
+    "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
+    "ends_at", "warn_at",
+})
+
+
+def redact(view: dict[str, Any]) -> dict[str, Any]:
+    """A job view without its private data: the other fields are None, and `private` is true."""
+    out: dict[str, Any] = {k: (v if k in PUBLIC_FIELDS else None) for k, v in view.items()}
+    out["depends"] = []
+    out["private"] = True
+    return out
 
 
 def _format_bytes(n: int) -> str:

@@ -1,25 +1,38 @@
-"""The Jupyter server extension: builds the engine from `c.GPUJobs` settings, mounts the
-REST API and websocket, starts the engine loops once the server's event loop runs, and gives
-kernels what the client needs (GPUJOBS_URL, GPUJOBS_TOKEN) in their environment.
+"""The Jupyter server extension. It either hosts the engine (a personal deployment) or, when
+the machine has a shared engine (`c.GPUJobs.engine_url`, or the default socket exists),
+forwards its `{base_url}gpujobs/api/` routes to it (forward.py) and hosts none.
+
+Hosting: builds the engine from `c.GPUJobs` settings (engine/app.py), mounts the REST API
+and websocket, starts the engine loops once the server's event loop runs.
+Either way it gives kernels what the client needs in their environment: `GPUJOBS_URL` (and,
+for its own engine, `GPUJOBS_TOKEN`, see docs/shared-server.md for why that is safe).
 """
 
 from __future__ import annotations
 
 import getpass
-import hashlib
 import os
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Any, Instance
+from traitlets import Any, Instance, Unicode
 
-from ..config import GPUJobs, retention_seconds
+from ..config import GPUJobs
 from ..engine.api.handlers import HANDLERS
-from ..engine.gpus import make_backend
-from ..engine.runners import make_runner
+from ..engine.app import build_engine, describe, engine_settings, stop_engine
 from ..engine.service import JobService
-from ..engine.store import Store, default_url
+
+
+def shared_engine_socket(cfg: GPUJobs) -> str | None:
+    """The shared engine's socket this server should forward to, or None to host an engine."""
+    url = cfg.engine_url.strip()
+    if url:
+        if not url.startswith("unix://"):
+            raise ValueError(f"c.GPUJobs.engine_url: expected unix:///path/to/engine.sock, got {url!r}")
+        return url[len("unix://"):]
+    path = cfg.engine_socket
+    return path if path and os.path.exists(path) else None
 
 
 class GPUJobsApp(ExtensionApp):
@@ -30,35 +43,24 @@ class GPUJobsApp(ExtensionApp):
     settings_obj = Instance(GPUJobs, allow_none=True)
     service = Instance(JobService, allow_none=True)
     monitor = Any(None, allow_none=True)  # monitor.Monitor, built with the service
+    engine_socket = Unicode(None, allow_none=True)  # set: this server forwards to the shared engine
 
     def initialize_settings(self) -> None:
         server = self.serverapp
         cfg = GPUJobs(parent=server)
         self.settings_obj = cfg
-        data_dir = Path(cfg.state_dir or os.path.join(jupyter_data_dir(), "gpujobs"))
-        data_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(cfg.db_url or default_url(data_dir))
-        store.migrate()
-        # fake GPUs of this server (named after its state dir, so the same across restarts)
-        fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        try:
-            runner = make_runner(cfg.runner, data_dir / "run", parent=cfg)
-        except ValueError as err:
-            raise SystemExit(str(err)) from None
-        if getattr(runner, "schedules_itself", False):
-            from ..engine.runners.slurm import SlurmGPUs, ignored_settings
-
-            backend = SlurmGPUs(runner)  # the cluster's GPUs, as its scheduler sees them
-            ignored = ignored_settings(cfg)
-            if ignored:
-                self.log.warning("gpujobs: under the %s runner these c.GPUJobs settings are ignored "
-                                 "(its scheduler decides; see docs/slurm.md): %s", cfg.runner, ", ".join(ignored))
-        else:
-            # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
-            device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
-            backend = make_backend(cfg.fake_gpus or None, self.log, fleet=fleet, device_dir=device_dir)
-
         unix_user = getpass.getuser()
+        self.engine_socket = shared_engine_socket(cfg)
+        if self.engine_socket:
+            # Kernels, jobs and terminals talk to the shared engine themselves, as their Unix user.
+            os.environ["GPUJOBS_URL"] = "unix://" + self.engine_socket
+            os.environ.pop("GPUJOBS_TOKEN", None)
+            self.settings["gpujobs_engine_socket"] = self.engine_socket
+            self.log.info("gpujobs: forwarding gpujobs/api/ to the shared engine at %s as Unix user %s "
+                          "(this server hosts no engine)", self.engine_socket, unix_user)
+            return
+
+        data_dir = Path(cfg.state_dir or os.path.join(jupyter_data_dir(), "gpujobs"))
         identity = cfg.user_identity
         if identity == "auto":
             from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvider
@@ -69,67 +71,42 @@ class GPUJobsApp(ExtensionApp):
         url = server.connection_url.rstrip("/") + "/"
         token = server.identity_provider.token or ""
         job_env = {"GPUJOBS_URL": url, "GPUJOBS_TOKEN": token}
-        if backend.name == "fake":
-            job_env["GPUJOBS_FAKE_FLEET"] = fleet  # jobs and kernels: on this server's fake GPUs
-        # Kernels (and jobs) started by this server find the engine with no arguments.
-        os.environ.update(job_env)
-
-        self.service = JobService(
-            store, backend, runner, cfg.policy(),
-            state_dir=data_dir,
-            root_dir=Path(server.root_dir).expanduser().resolve(),
+        private = (identity == "jupyter") if cfg.private_data is None else cfg.private_data
+        self.service, self.monitor = build_engine(
+            cfg, self.log, data_dir=data_dir, root_dir=Path(server.root_dir).expanduser().resolve(),
             job_env=job_env,
             admin_users=set(cfg.admin_users) | ({unix_user} if identity == "unix" else set()),
-            group_members={k: list(v) for k, v in cfg.group_members.items()},
-            kill_grace_s=cfg.seconds("kill_grace"),
-            time_limit_warning_s=cfg.seconds("time_limit_warning"),
-            poll_interval=cfg.poll_interval,
-            tick_interval=cfg.tick_interval,
-            estimate_interval=cfg.estimate_interval,
-            job_retention_s=retention_seconds(cfg.job_retention),
-            cleanup_interval=cfg.job_cleanup_interval,
-            run_as_owner=cfg.run_as_owner,
-            job_python=cfg.job_python,
-        )
-        from ..engine.monitor import Monitor, MonitorSettings
-
-        self.monitor = Monitor(self.service, MonitorSettings.from_config(cfg), self.log)
-        self.monitor.install()  # drained GPUs show as draining in the engine's inventory
-        self.settings.update({
-            "gpujobs_monitor": self.monitor,
-            "gpujobs_service": self.service,
-            "gpujobs_identity": identity,
-            "gpujobs_unix_user": unix_user,
-            "gpujobs_max_body": cfg.max_body_bytes,
-        })
-        gpus = backend.inventory()
-        summary = ", ".join(sorted({g.name for g in gpus})) or "none"
-        self.log.info("gpujobs: %d GPU(s) via %s (%s); store %s; owner identity: %s",
-                      len(gpus), backend.name, summary, store.url.split("?")[0], identity)
-        self.log.info("gpujobs: isolation: %s", runner.isolation.describe())
+            private_data=private)
+        # Kernels (and jobs) started by this server find the engine with no arguments.
+        os.environ.update(job_env)
+        self.settings.update(engine_settings(self.service, self.monitor, identity, unix_user,
+                                             cfg.max_body_bytes))
+        self.log.info("gpujobs: %s; owner identity: %s; private data %s", describe(self.service), identity,
+                      "on" if private else "off")
 
     def initialize_handlers(self) -> None:
+        if self.engine_socket:
+            from .forward import FORWARD_HANDLERS
+
+            self.handlers.extend(FORWARD_HANDLERS)
+            return
         from ..engine.api.monitor import MONITOR_HANDLERS
 
         self.handlers.extend(HANDLERS)
         self.handlers.extend(MONITOR_HANDLERS)
 
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
-        assert self.service is not None
-        await self.service.start()
-        if self.monitor is not None:
-            await self.monitor.start()
+        if self.service is not None:
+            await self.service.start()
+            if self.monitor is not None:
+                await self.monitor.start()
         from .provisioner import start_reconciler
 
         start_reconciler(self.log)  # end the jobs of GPU kernels that did not survive a restart
 
     async def stop_extension(self) -> None:
-        if self.service is not None:
-            from .provisioner import release_kernel_jobs
+        from .provisioner import release_kernel_jobs
 
-            await release_kernel_jobs()  # while the engine still answers; kernels stop next
-            if self.monitor is not None:
-                await self.monitor.stop()
-            await self.service.stop()
-            self.service.store.close()
-            self.service.gpus.close()
+        await release_kernel_jobs()  # while the engine still answers; kernels stop next
+        if self.service is not None:
+            await stop_engine(self.service, self.monitor)

@@ -24,7 +24,7 @@ from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
-from ..service import JobService, NotFound, PermissionDenied
+from ..service import JobService, NotFound, PermissionDenied, redact
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
@@ -106,6 +106,14 @@ def job_owner(handler: JupyterHandler) -> str:
         return handler.settings.get("gpujobs_unix_user") or getpass.getuser()
     user = handler.current_user
     return getattr(user, "username", None) or str(user)
+
+
+def engine_notice(service: JobService) -> str | None:
+    """Why this engine allocates no GPU (another engine owns them), for the panel; else None."""
+    claim = service.gpu_claim
+    if claim is None or claim.held or claim.other is None:
+        return None
+    return claim.refusal()
 
 
 @lru_cache(maxsize=4)
@@ -210,8 +218,12 @@ class GPUsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply({"gpus": self.service.gpu_views(), "backend": self.service.gpus.name,
-                    "isolation": self.service.isolation})
+        out: dict[str, Any] = {"gpus": self.service.gpu_views(), "backend": self.service.gpus.name,
+                               "isolation": self.service.isolation}
+        notice = engine_notice(self.service)
+        if notice:
+            out["notice"] = notice
+        self.reply(out)
 
 
 class JobsHandler(GPUJobsHandler):
@@ -230,7 +242,8 @@ class JobsHandler(GPUJobsHandler):
             raise ApiError(400, "kind", f"unknown kind {kind[:40]!r}; kinds are {', '.join(JOB_KINDS)}")
         jobs, nxt = self.service.store.list_jobs(state=states or None, user=user, limit=limit or 100,
                                                  cursor=cursor, kind=kind)
-        self.reply({"jobs": [self.service.view(j) for j in jobs], "next": nxt})
+        viewer = self.owner
+        self.reply({"jobs": [self.service.view(j, viewer) for j in jobs], "next": nxt})
 
     @web.authenticated
     @authorized
@@ -250,7 +263,7 @@ class JobHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        self.reply(self.service.view(self.service.get(self.job_id(job_id))))
+        self.reply(self.service.view(self.service.get(self.job_id(job_id)), self.owner))
 
     @web.authenticated
     @authorized
@@ -286,6 +299,7 @@ class JobLogHandler(GPUJobsHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         offset = self.int_arg("offset", 0) or 0
+        self.service.check_may_see(self.service.get(self.job_id(job_id)), self.owner)
         data, nxt, done = self.service.read_log(self.job_id(job_id), offset)
         self.reply({"offset": nxt, "data": data, "done": done})
 
@@ -295,7 +309,7 @@ class JobEventsHandler(GPUJobsHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         jid = self.job_id(job_id)
-        self.service.get(jid)
+        self.service.check_may_see(self.service.get(jid), self.owner)
         self.reply({"events": self.service.store.events(job_id=jid)})
 
 
@@ -321,7 +335,9 @@ class QueueHandler(GPUJobsHandler):
         state = (service._plan, len(pending), next(reversed(pending), None), len(service._running))
         cache: dict[tuple[Any, ...], tuple[float, tuple[Any, ...], bytes]] = self.settings.setdefault(
             "gpujobs_queue_pages", {})
-        key = (offset, limit, user)
+        viewer = self.owner
+        # a page shows others' jobs as queue views when data is private: one page per viewer then
+        key = (offset, limit, user, viewer if service.private_data else None)
         now = time.monotonic()
         hit = cache.get(key)
         # the plan by identity: comparing plans would compare their 10k-long orders
@@ -332,7 +348,7 @@ class QueueHandler(GPUJobsHandler):
                 jobs = [j for j in jobs if j.user == user]
             page = jobs[offset:offset + limit]
             nxt = offset + limit if offset + limit < len(jobs) else None
-            body = json.dumps({"jobs": [service.view(j) for j in page], "total": len(jobs), "offset": offset,
+            body = json.dumps({"jobs": [service.view(j, viewer) for j in page], "total": len(jobs), "offset": offset,
                                "next": nxt}, allow_nan=False).encode()
             if len(cache) > 256:
                 cache.clear()
@@ -346,7 +362,11 @@ class WhoAmIHandler(GPUJobsHandler):
     @authorized
     async def get(self) -> None:
         user = self.owner
-        self.reply({"user": user, "admin": self.service.is_admin(user)})
+        out: dict[str, Any] = {"user": user, "admin": self.service.is_admin(user)}
+        notice = engine_notice(self.service)
+        if notice:
+            out["notice"] = notice
+        self.reply(out)
 
 
 class InfoHandler(GPUJobsHandler):
@@ -468,6 +488,9 @@ class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
     def _send(self, message: dict[str, Any]) -> None:
         if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
             return
+        if message.get("type") == "job" and not self.service.may_see(message["job"], self._viewer):
+            event = {k: message["event"].get(k) for k in ("job_id", "time", "state", "actor", "reason")}
+            message = {**message, "job": redact(message["job"]), "event": {**event, "data": {}}}
         try:
             self.write_message(json.dumps(message))
         except websocket.WebSocketClosedError:

@@ -133,6 +133,7 @@ class JobStatsHandler(MonitorHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         job = self.service.get(self.job_id(job_id))
+        self.service.check_may_see(job, self.owner)
         self.reply(self.monitor.job_stats(job))
 
 

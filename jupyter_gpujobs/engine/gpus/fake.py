@@ -66,9 +66,11 @@ _LINUX = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 NVIDIA_MAJOR = 195  # the character device major of /dev/nvidiaN
 
 
-def fake_uuid(index: int, model: str) -> str:
-    """A stable UUID for fake GPU `index` of `model`: `GPU-fake-0000-<12 hex>`."""
-    digest = hashlib.sha1(f"{index}:{model}".encode()).hexdigest()
+def fake_uuid(index: int, model: str, fleet: str | None = None) -> str:
+    """A stable UUID for fake GPU `index` of `model` in `fleet`: `GPU-fake-0000-<12 hex>`.
+    Two backends of one fleet have the same UUIDs, so they claim the same GPUs (claim.py)."""
+    key = f"{fleet}:{index}:{model}" if fleet else f"{index}:{model}"
+    digest = hashlib.sha1(key.encode()).hexdigest()
     return f"GPU-fake-{index:04d}-{digest[:12]}"
 
 
@@ -164,7 +166,7 @@ class FakeBackend(GPUBackend):
         for spec in specs:
             for _ in range(spec.count):
                 index = len(self._gpus)
-                self._gpus.append((index, fake_uuid(index, spec.model), spec.model, spec.memory_mb))
+                self._gpus.append((index, fake_uuid(index, spec.model, fleet), spec.model, spec.memory_mb))
         self._uuid_index = {uuid: index for index, uuid, _, _ in self._gpus}
         self._procs: dict[int, _ProcInfo] = {}
         self._scan: _Scan | None = None

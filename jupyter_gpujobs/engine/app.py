@@ -1,0 +1,241 @@
+"""Building an engine from `c.GPUJobs` settings, and the shared engine `jupyter gpujobs engine`.
+
+`build_engine` makes the store, GPU backend, machine-wide GPU claim, runner, JobService and
+monitor; the Jupyter extension (embedded engine) and `EngineApp` (shared engine) both call it,
+and both mount the same handlers (`api/handlers.py`, `api/monitor.py`) with `engine_settings`.
+
+The shared engine is a small tornado application, not a full Jupyter server: it serves the
+gpujobs API and nothing else (no contents, kernels or terminals running as root) on a Unix
+socket (mode 0666 in a root-owned directory), and knows each caller by the socket's peer
+credentials (`api/identity.py`). It runs as root because it starts every user's jobs as
+their owner (a supervisor drops to the user's uid) and claims the machine's GPUs for all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import hashlib
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.application import JupyterApp
+from traitlets import Unicode
+
+from ..config import GPUJobs, retention_seconds
+from .claim import GPUClaim
+from .gpus import make_backend
+from .runners import make_runner
+from .service import JobService
+from .store import Store, default_url
+
+DEFAULT_STATE_DIR = "/var/lib/jupyter-gpujobs"
+
+
+def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir: Path,
+                 job_env: dict[str, str], admin_users: set[str], private_data: bool,
+                 admin_group: str | None = None) -> tuple[JobService, Any]:
+    """(JobService, Monitor or None) for one engine. `job_env` gets what jobs need to find it
+    (and, on fake GPUs, the fleet name)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(cfg.db_url or default_url(data_dir))
+    store.migrate()
+    # fake GPUs of this engine (named after its data dir, so the same across restarts)
+    fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
+    try:
+        runner = make_runner(cfg.runner, data_dir / "run", parent=cfg)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    claim = None
+    if getattr(runner, "schedules_itself", False):
+        from .runners.slurm import SlurmGPUs, ignored_settings
+
+        backend: Any = SlurmGPUs(runner)  # the cluster's GPUs, as its scheduler sees them (it allocates them)
+        ignored = ignored_settings(cfg)
+        if ignored:
+            log.warning("gpujobs: under the %s runner these c.GPUJobs settings are ignored "
+                        "(its scheduler decides; see docs/slurm.md): %s", cfg.runner, ", ".join(ignored))
+    else:
+        # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
+        device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
+        backend = make_backend(cfg.fake_gpus or None, log, fleet=fleet, device_dir=device_dir)
+        # this machine's GPUs: no other engine here may hand them out while this one runs
+        claim = GPUClaim([g.uuid for g in backend.inventory()], cfg.claim_dir, {"data_dir": str(data_dir)})
+        if not claim.acquire():
+            log.error("gpujobs: %s", claim.refusal())
+    service = JobService(
+        store, backend, runner, cfg.policy(),
+        state_dir=data_dir,
+        root_dir=root_dir,
+        job_env=job_env,
+        admin_users=admin_users,
+        admin_group=admin_group,
+        private_data=private_data,
+        gpu_claim=claim,
+        run_as_owner=cfg.run_as_owner,
+        job_python=cfg.job_python,
+        group_members={k: list(v) for k, v in cfg.group_members.items()},
+        kill_grace_s=cfg.seconds("kill_grace"),
+        time_limit_warning_s=cfg.seconds("time_limit_warning"),
+        poll_interval=cfg.poll_interval,
+        tick_interval=cfg.tick_interval,
+        estimate_interval=cfg.estimate_interval,
+        job_retention_s=retention_seconds(cfg.job_retention),
+        cleanup_interval=cfg.job_cleanup_interval,
+    )
+    from .monitor import Monitor, MonitorSettings
+
+    monitor = Monitor(service, MonitorSettings.from_config(cfg), log)
+    monitor.install()  # drained GPUs show as draining in the engine's inventory
+    return service, monitor
+
+
+def engine_settings(service: JobService, monitor: Any, identity: str, unix_user: str,
+                    max_body: int) -> dict[str, Any]:
+    """The tornado settings the gpujobs handlers read."""
+    return {
+        "gpujobs_monitor": monitor,
+        "gpujobs_service": service,
+        "gpujobs_identity": identity,
+        "gpujobs_unix_user": unix_user,
+        "gpujobs_max_body": max_body,
+    }
+
+
+def describe(service: JobService) -> str:
+    """What an engine found, for its first log line."""
+    gpus = service.gpus.inventory()
+    models = ", ".join(sorted({g.name for g in gpus})) or "none"
+    claim = service.gpu_claim
+    owner = ("claimed" if claim is None or claim.held
+             else f"NOT claimed: {claim.refusal()}")
+    return (f"{len(gpus)} GPU(s) via {service.gpus.name} ({models}), {owner}; "
+            f"store {_safe_url(service.store.url)}; isolation: {service.isolation}")
+
+
+def _jobs_run_as(service: JobService) -> str:
+    if service.run_as_owner == "never" or os.geteuid() != 0:
+        return f"the engine's user {getpass.getuser()} (c.GPUJobs.run_as_owner={service.run_as_owner!r})"
+    return "their owners"
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True).split("?")[0]
+    except Exception:
+        return url.split("@")[-1].split("?")[0]
+
+
+async def stop_engine(service: JobService, monitor: Any) -> None:
+    if monitor is not None:
+        await monitor.stop()
+    await service.stop()
+    service.store.close()
+    service.gpus.close()
+    if service.gpu_claim is not None:
+        service.gpu_claim.release()
+
+
+def socket_in_use(path: str) -> bool:
+    """Whether an engine answers on the Unix socket `path`."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+class EngineApp(JupyterApp):
+    """`jupyter gpujobs engine`: the shared engine of a GPU machine."""
+
+    name = "jupyter-gpujobs-engine"
+    description = ("The shared engine of a GPU machine: one queue and scheduler for every user, on a Unix "
+                   "socket that knows each caller by uid. Run it as root (a systemd unit).")
+    aliases = {
+        "socket": "GPUJobs.engine_socket",
+        "state-dir": "GPUJobs.state_dir",
+        "db-url": "GPUJobs.db_url",
+        "fake-gpus": "GPUJobs.fake_gpus",
+        "admin-group": "GPUJobs.admin_group",
+        "claim-dir": "GPUJobs.claim_dir",
+        "config": "JupyterApp.config_file",
+        "log-level": "Application.log_level",
+    }
+    flags: dict[str, Any] = {}
+    config_file_name = Unicode("jupyter_gpujobs_engine_config", config=True)
+    classes = [GPUJobs]
+
+    def start(self) -> None:
+        asyncio.run(self.serve())
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        import tornado.web
+        from jupyter_server.auth.authorizer import AllowAllAuthorizer
+        from tornado.httpserver import HTTPServer
+        from tornado.netutil import bind_unix_socket
+
+        from .api.handlers import HANDLERS
+        from .api.identity import PeerCredIdentityProvider
+        from .api.monitor import MONITOR_HANDLERS
+
+        cfg = GPUJobs(parent=self)
+        path = cfg.engine_socket
+        if socket_in_use(path):
+            self.log.critical("gpujobs: an engine already answers on %s; not starting a second one", path)
+            raise SystemExit(1)
+        sock_dir = Path(path).parent
+        sock_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(sock_dir, 0, 0)
+            os.chmod(sock_dir, 0o755)  # only root may replace the socket
+        os.umask(0o022)
+        job_env = {"GPUJOBS_URL": "unix://" + path}  # jobs reach the engine as their own uid: no token
+        private = True if cfg.private_data is None else cfg.private_data
+        service, monitor = build_engine(
+            cfg, self.log, data_dir=Path(cfg.state_dir or DEFAULT_STATE_DIR), root_dir=Path("/"),
+            job_env=job_env, admin_users={"root"} | set(cfg.admin_users), private_data=private,
+            admin_group=cfg.admin_group or None)
+        settings = engine_settings(service, monitor, "jupyter", "root", cfg.max_body_bytes)
+        app = tornado.web.Application(
+            HANDLERS + MONITOR_HANDLERS,  # type: ignore[arg-type]
+            identity_provider=PeerCredIdentityProvider(parent=self),
+            authorizer=AllowAllAuthorizer(parent=self),  # every known uid may use the API; the service checks owners
+            base_url="/",
+            serverapp=None,
+            allow_remote_access=True,  # no TCP: the Host header of a socket request means nothing
+            **settings,
+        )
+        server = HTTPServer(app, xheaders=False)
+        server.add_sockets([bind_unix_socket(path, mode=0o666)])
+        await service.start()
+        await monitor.start()
+        self.log.info("gpujobs shared engine: %s; socket %s (any local user, known by uid; admins: root%s); "
+                      "jobs run as %s; private data %s; pid %d",
+                      describe(service), path, f" and group {cfg.admin_group}" if cfg.admin_group else "",
+                      _jobs_run_as(service), "on" if private else "off", os.getpid())
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        self.log.info("gpujobs shared engine: stopping")
+        server.stop()
+        await stop_engine(service, monitor)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+main = EngineApp.launch_instance
