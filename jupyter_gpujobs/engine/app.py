@@ -67,6 +67,8 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         claim = GPUClaim([g.uuid for g in backend.inventory()], cfg.claim_dir, {"data_dir": str(data_dir)})
         if not claim.acquire():
             log.error("gpujobs: %s", claim.refusal())
+    if backend.name == "fake":
+        job_env["GPUJOBS_FAKE_FLEET"] = fleet  # jobs and kernels: on this engine's fake GPUs
     service = JobService(
         store, backend, runner, cfg.policy(),
         state_dir=data_dir,
