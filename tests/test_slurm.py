@@ -178,6 +178,21 @@ def test_a_job_cancelled_in_slurm_shows_why(server: Any) -> None:
     assert done["state"] == "CANCELLED" and "cancelled in Slurm" in done["reason"]
 
 
+def test_gpus_show_slurm_jobs_from_outside_the_engine(server: Any) -> None:
+    sid = subprocess.run(["sbatch", "--parsable", "--gres=gpu:1", "--time=1", "--output=/dev/null",
+                          "--wrap", "sleep 30"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        with server.client() as client:
+            deadline = time.monotonic() + 20
+            while not (held := [g for g in client.gpus() if g.get("slurm_job_id") == sid]):
+                assert time.monotonic() < deadline, client.gpus()
+                time.sleep(0.2)
+        assert held[0]["job_id"] is None and held[0]["user"] == "root" and held[0]["host"] == "localhost"
+        assert f"Slurm job {sid} (root)" in server.cli("gpus").stdout
+    finally:
+        subprocess.run(["scancel", sid], check=True)
+
+
 def test_priority_class_goes_to_its_partition_with_its_memory_and_cpus(server: Any) -> None:
     with server.client() as client:
         job = client.submit(["true"], gpus=1, gpu_type="A100", time_limit="5m",

@@ -149,7 +149,8 @@ class SlurmRunner(Runner):
         self.poll_interval = self.settings.poll_interval
         self.isolation = SlurmIsolation()
         self._stop_reasons: dict[str, tuple[str, str]] = {}  # slurm id -> (outcome, reason) we asked for
-        self._last_jobs: list[dict[str, Any]] = []  # the last squeue answer
+        self._running_jobs: list[dict[str, Any]] = []  # everyone's running jobs, for gpu_holders
+        self._holders_at = -1e9
 
     # ------------------------------------------------------------------ commands
 
@@ -289,11 +290,11 @@ class SlurmRunner(Runner):
 
     # ------------------------------------------------------------------ watch
 
-    def squeue(self) -> list[dict[str, Any]]:
-        """Every job Slurm knows (one call)."""
-        data = json.loads(self._run(["squeue", "--json", "--all"]) or "{}")
-        self._last_jobs = list(data.get("jobs") or [])
-        return self._last_jobs
+    def squeue(self, *filters: str) -> list[dict[str, Any]]:
+        """The jobs Slurm knows, in one call. (Slurm 22.05 ignores filters with --json and
+        lists every job; later releases apply them.)"""
+        data = json.loads(self._run(["squeue", "--json", *filters]) or "{}")
+        return list(data.get("jobs") or [])
 
     def sync(self, handles: dict[int, dict[str, Any]]) -> list[SlurmState]:
         """The state of each job among `handles` (engine id -> handle), from one squeue call
@@ -302,7 +303,7 @@ class SlurmRunner(Runner):
             return []
         records: dict[str, dict[str, Any]] = {}
         arrays: dict[str, dict[str, Any]] = {}  # array job id -> its record of still-pending tasks
-        for rec in self.squeue():
+        for rec in self.squeue("--me"):  # the engine's own jobs
             if rec.get("array_job_id") and rec.get("array_task_id") is not None:
                 records[f"{rec['array_job_id']}_{rec['array_task_id']}"] = rec
             elif rec.get("array_job_id") and rec.get("array_task_string"):
@@ -424,10 +425,15 @@ class SlurmRunner(Runner):
         data = json.loads(self._run(["sinfo", "--json"]) or "{}")
         return list(data.get("nodes") or [])
 
-    def gpu_holders(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """(node, GPU index) -> the Slurm job holding it ({slurm_id, user}), from the last squeue."""
+    def gpu_holders(self, max_age: float = 2.0) -> dict[tuple[str, int], dict[str, Any]]:
+        """(node, GPU index) -> the Slurm job holding it ({slurm_id, user}), anyone's: one
+        squeue call at most every `max_age` seconds."""
+        now = time.monotonic()
+        if now - self._holders_at > max_age:
+            self._running_jobs = self.squeue("--states=RUNNING")
+            self._holders_at = now
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for rec in self._last_jobs:
+        for rec in self._running_jobs:
             if rec.get("job_state") != "RUNNING":
                 continue
             sid = (f"{rec['array_job_id']}_{rec['array_task_id']}" if rec.get("array_task_id") is not None
