@@ -237,10 +237,12 @@ class GPUJobs(Configurable):
                          help="The Python that runs notebook jobs (with jupyter-gpujobs, nbclient and a kernel "
                               "installed). Empty: the engine's own. An engine that runs jobs as their owners "
                               "needs one every user can run, e.g. a venv outside root's home.")
-    cgroups = Enum(["auto", "off"], default_value="auto", config=True,
+    cgroups = Enum(["auto", "v2", "off"], default_value="auto", config=True,
                    help="Confine each job in its own cgroup (its whole process tree, a device fence "
                         "on its GPUs, --mem/--cpus limits): 'auto' where the host lets the engine write "
-                        "cgroups (root); 'off' keeps to subreaper supervision and CUDA_VISIBLE_DEVICES.")
+                        "cgroups (root); 'v2': the cgroup v2 hierarchy alone (the fence a BPF device "
+                        "program), as on a v2-only host; 'off' keeps to subreaper supervision and "
+                        "CUDA_VISIBLE_DEVICES.")
     engine_url = Unicode("", config=True,
                          help="The shared engine this server forwards to, e.g. "
                               "'unix:///run/jupyter-gpujobs/engine.sock'. Empty: that default socket when it "

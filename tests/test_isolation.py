@@ -233,8 +233,13 @@ def test_restarted_runner_reattaches_by_cgroup(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the GPU fence
 
 
-def test_job_opens_only_its_own_gpus(runner: LocalRunner, tmp_path: Path, gpus: FakeBackend,
-                                     open_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["auto", "v2"])
+def test_job_opens_only_its_own_gpus(mode: str, tmp_path: Path, gpus: FakeBackend, open_dir: Path) -> None:
+    """auto: the v1 devices controller here; v2: a BPF device program on the job's v2 cgroup,
+    as on a v2-only host."""
+    runner = LocalRunner(tmp_path / "run", cgroups_mode=mode)
+    assert runner.isolation.describe().startswith(
+        "GPU fence: device cgroup (BPF)" if mode == "v2" else "GPU fence: device cgroup;")
     nodes = gpus.device_nodes()
     assert sorted(nodes) == [0, 1, 2, 3]
     probe = "; ".join(f"(exec 3<{nodes[i]}) 2>&1 | sed 's/^/gpu{i}: /'" for i in range(4))
@@ -246,6 +251,20 @@ def test_job_opens_only_its_own_gpus(runner: LocalRunner, tmp_path: Path, gpus: 
     assert "No such device or address" in lines["gpu1"]  # allowed: no driver behind it (ENXIO)
     for i in (0, 2, 3):
         assert "Operation not permitted" in lines[f"gpu{i}"], lines  # denied by the cgroup (EPERM)
+    runner.close()
+
+
+def test_v2_alone_stops_daemonized_processes_at_the_time_limit(tmp_path: Path) -> None:
+    runner = LocalRunner(tmp_path / "run", cgroups_mode="v2")
+    assert set(runner.isolation.paths("x")) == {"v2"}
+    pids = tmp_path / "pids"
+    script = (f"setsid sh -c 'sh -c \"sleep 300 & echo \\$! >> {pids}\" & wait' ; "
+              f"echo $$ >> {pids}; sleep 300")
+    handle = runner.start(_req(tmp_path, 42, script, cwd=str(tmp_path), time_limit_s=2))
+    assert _wait(runner, 42, handle).outcome == "timeout"
+    for pid in (int(p) for p in pids.read_text().split()):
+        assert not _alive(pid)
+    runner.close()
 
 
 def test_fallback_without_cgroups_says_so_and_keeps_todays_behaviour(tmp_path: Path, gpus: FakeBackend) -> None:

@@ -15,8 +15,10 @@ shim creates them and puts the job's first process in them before it execs, the 
 and removes them. What is in force is said in one line (`Isolation.describe()`):
 "GPU fence: device cgroup" or "GPU fence: none, CUDA_VISIBLE_DEVICES only".
 
-A device fence on a v2-only host needs a BPF device program (what systemd and Slurm load);
-this module does not load one, so such a host reports "GPU fence: none".
+Where there is no v1 `devices` controller (a v2-only host) the fence is a BPF device program
+attached to the job's v2 cgroup, as systemd and Slurm do (`bpf.py`); where the kernel refuses
+to load one the host reports "GPU fence: none". Mode "v2" uses the v2 hierarchy alone, as on a
+v2-only host, also where v1 controllers exist.
 
 Standard library only: the shim imports this module on the dispatch path.
 """
@@ -46,11 +48,12 @@ class Isolation:
     cost the shim's start-up several milliseconds.)"""
 
     def __init__(self, v2: str | None = None, v1: dict[str, str] | None = None,
-                 v2_controllers: tuple[str, ...] = (), why_not: str = ""):
+                 v2_controllers: tuple[str, ...] = (), why_not: str = "", bpf: bool = False):
         self.v2 = v2  # a writable cgroup v2 mount point
         self.v1 = dict(v1 or {})  # controller -> its writable mount point
         self.v2_controllers = v2_controllers  # controllers enabled for jobs in v2 (memory, cpu)
         self.why_not = why_not  # why cgroups are not used, when they are not
+        self.bpf = bpf  # the device fence is a BPF program on the v2 cgroup (no v1 devices controller)
 
     def __repr__(self) -> str:
         return f"Isolation({self.describe()!r})"
@@ -61,11 +64,11 @@ class Isolation:
 
     @property
     def fence(self) -> bool:
-        return "devices" in self.v1
+        return "devices" in self.v1 or self.bpf
 
     def describe(self) -> str:
         """One line for the log, `jupyter gpujobs gpus` and the panel."""
-        text = FENCE_ON if self.fence else FENCE_OFF
+        text = (f"{FENCE_ON} (BPF)" if self.bpf else FENCE_ON) if self.fence else FENCE_OFF
         if not self.enabled:
             return f"{text}; process tree: subreaper supervision ({self.why_not or 'no writable cgroups'})"
         kinds = " + ".join(k for k, on in (("v2", self.v2), ("v1", self.v1)) if on)
@@ -144,8 +147,8 @@ def detect(mode: str = "auto") -> Isolation:
     """What this host allows. `mode`: "auto" (use cgroups where writable) or "off"."""
     if mode == "off":
         return Isolation(why_not="cgroups turned off in the settings")
-    if mode != "auto":
-        raise ValueError(f"cgroups must be 'auto' or 'off', not {mode!r}")
+    if mode not in ("auto", "v2"):
+        raise ValueError(f"cgroups must be 'auto', 'v2' or 'off', not {mode!r}")
     if not os.path.isdir("/sys/fs/cgroup"):
         return Isolation(why_not="no cgroups on this host")
     iso = Isolation()
@@ -154,12 +157,16 @@ def detect(mode: str = "auto") -> Isolation:
             # cgroup.kill (Linux 5.14) exists in every cgroup but the root
             if _writable_parent(point) and os.path.exists(os.path.join(point, PARENT, "cgroup.kill")):
                 iso.v2 = point
-        elif fstype == "cgroup":
+        elif fstype == "cgroup" and mode == "auto":
             for ctl in V1_CONTROLLERS:
                 if ctl in options and ctl not in iso.v1 and _writable_parent(point):
                     iso.v1[ctl] = point
     if iso.v2:
         iso.v2_controllers = _enable_v2_controllers(iso.v2)
+        if "devices" not in iso.v1:
+            from . import bpf
+
+            iso.bpf = bpf.supported()
     if not iso.enabled:
         iso.why_not = "no writable cgroups (not root, or an unprivileged container)"
     return iso
@@ -186,15 +193,19 @@ def char_device(path: str) -> tuple[int, int] | None:
 
 
 def create(cg: dict[str, str], deny_devices: Sequence[str] = (), mem_bytes: int | None = None,
-           cpus: float | None = None, v2_controllers: tuple[str, ...] = ()) -> None:
-    """Make the run's cgroups with its device fence and limits (OSError when the host refuses)."""
+           cpus: float | None = None, v2_controllers: tuple[str, ...] = (), bpf_fence: bool = False) -> None:
+    """Make the run's cgroups with its device fence and limits (OSError when the host refuses).
+    `bpf_fence`: fence with a BPF program on the v2 cgroup (no v1 devices controller)."""
     for path in cg.values():
         os.makedirs(path, exist_ok=True)
+    denied = [dev for dev in (char_device(node) for node in deny_devices) if dev is not None]
     if "devices" in cg:
-        for node in deny_devices:
-            dev = char_device(node)
-            if dev is not None:
-                _write(os.path.join(cg["devices"], "devices.deny"), f"c {dev[0]}:{dev[1]} rwm")
+        for major, minor in denied:
+            _write(os.path.join(cg["devices"], "devices.deny"), f"c {major}:{minor} rwm")
+    elif bpf_fence and "v2" in cg and denied:
+        from . import bpf
+
+        bpf.deny_devices(cg["v2"], denied)
     if mem_bytes:
         if "v2" in cg and "memory" in v2_controllers:
             _write(os.path.join(cg["v2"], "memory.max"), str(int(mem_bytes)))

@@ -72,6 +72,7 @@ class LocalRunner(Runner):
             "pythonpath": pythonpath, "run_as": req.run_as, "cgroups": cg,
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
+            "bpf_fence": iso.bpf,
         })
         proc = self._take_standby(pythonpath)
         if proc is not None:
