@@ -273,12 +273,14 @@ def test_a_restarted_engine_picks_up_its_slurm_jobs(server: Any) -> None:
 def test_time_limit_ends_the_job_as_timeout(server: Any, time_limit_job: dict[str, Any]) -> None:
     with server.client() as client:
         done = client.wait(time_limit_job["id"], timeout=150)
+        events = client.events(time_limit_job["id"])
     assert done["state"] == "TIMEOUT", done
     assert "time limit" in done["reason"]
     assert 55 <= done["ended_at"] - done["started_at"] <= 130
+    assert any(e["state"] == "WARNING" and "time limit in" in e["reason"] for e in events), events
 
 
 def test_ignored_settings_are_logged_once(server: Any) -> None:
     text = server.server_log()
     assert text.count("these c.GPUJobs settings are ignored") == server.server_log().count("Serving notebooks from")
-    assert "c.GPUJobs.backfill" in text
+    assert "c.GPUJobs.backfill" in text and "c.GPUJobs.kill_grace" not in text

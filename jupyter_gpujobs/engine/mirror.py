@@ -76,6 +76,9 @@ class Mirror:
         s = self.service
         if not s._handles:
             return
+        # warnings before a time limit, and the safety net for a job that overstays it (Slurm
+        # rounds limits up to minutes and checks them about every 30 s): as on a local engine
+        s._enforce_limits(list(s._running.values()), s.clock())
         states = await asyncio.to_thread(self.runner.sync, dict(s._handles))
         for job_id, reason in self.apply(states):  # jobs Slurm would keep pending forever
             handle = s._handles.get(job_id)

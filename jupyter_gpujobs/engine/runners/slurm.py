@@ -527,7 +527,7 @@ IGNORED_SETTINGS = (
     "user_max_running_jobs", "user_max_gpus", "backfill", "reservation_depth", "fairshare",
     "fairshare_half_life", "weight_age", "weight_fairshare", "weight_class", "weight_size", "user_shares",
     "group_shares", "user_quotas", "group_quotas", "default_user_quota", "urgent_reserve_gpus", "preemption",
-    "preempt_grace", "preempt_min_runtime", "kill_grace", "run_as_owner", "cgroups", "time_limit_warning", "use_predictions", "estimate_interval", "tick_interval",
+    "preempt_grace", "preempt_min_runtime", "run_as_owner", "cgroups", "use_predictions", "estimate_interval", "tick_interval",
     "poll_interval", "fake_gpus", "rogue_policy", "drain_after_errors",
 )
 
