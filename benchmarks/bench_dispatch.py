@@ -40,8 +40,8 @@ JOB_S = 1.0
 
 def job_command(out: Path) -> list[str]:
     """A 1 s job that writes when it started and ended (as whoever it runs as)."""
-    return ["sh", "-c", f'date +%s.%N > {out}/$GPUJOBS_JOB_ID.start; sleep {JOB_S}; '
-                        f'date +%s.%N > {out}/$GPUJOBS_JOB_ID.end; id -u > {out}/$GPUJOBS_JOB_ID.uid']
+    return ["sh", "-c", f'date +%s.%N > {out}/$GPUJOBS_JOB_ID.start; id -u > {out}/$GPUJOBS_JOB_ID.uid; '
+                        f'sleep {JOB_S}; date +%s.%N > {out}/$GPUJOBS_JOB_ID.end']
 
 
 def job_body(out: Path) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def job_body(out: Path) -> dict[str, Any]:
 def measure(ids: list[int], get: Callable[[int], dict[str, Any]], out: Path) -> dict[str, Any]:
     """The figures of jobs `ids` (submitted), once they have all run."""
     deadline = time.monotonic() + 60 + len(ids) * JOB_S
-    while not all((out / f"{i}.uid").exists() for i in ids):
+    while not all((out / f"{i}.end").exists() for i in ids):
         if time.monotonic() > deadline:
             raise SystemExit("jobs did not finish in time")
         time.sleep(0.2)

@@ -1,0 +1,73 @@
+"""An engine embedded in a Jupyter server with named users (one server for several people)
+keeps each user's job details to its owner and the admins, as the shared engine does; with
+`c.GPUJobs.private_data = False` everyone sees everything."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jupyter_server.auth.identity import IdentityProvider, User
+from tornado.httpclient import HTTPClientError
+
+
+class NamedUsers(IdentityProvider):
+    """Users named by their token (`Authorization: token ann`), as a hub's tokens name them."""
+
+    def get_user(self, handler: Any) -> User | None:  # type: ignore[override]
+        auth = handler.request.headers.get("Authorization", "")
+        name = auth.removeprefix("token ").strip()
+        return User(username=name) if name in ("ann", "bob", "boss") else None
+
+    def is_token_authenticated(self, handler: Any) -> bool:
+        return True
+
+
+@pytest.fixture
+def jp_server_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpujobs": True}, "identity_provider_class": NamedUsers},
+        "GPUJobs": {**gpujobs_config, "admin_users": ["boss"]},
+    }
+
+
+async def call(jp_fetch: Any, who: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    try:
+        r = await jp_fetch("gpujobs", "api", *path.split("/"), method=method, headers={"Authorization": f"token {who}"},
+                           body=json.dumps(body) if body is not None else None)
+    except HTTPClientError as err:
+        return err.code, json.loads(err.response.body) if err.response is not None else None
+    return r.code, json.loads(r.body)
+
+
+async def test_named_users_see_others_jobs_only_as_queue_views(jp_fetch: Any, engine: Any) -> None:
+    code, job = await call(jp_fetch, "ann", "POST", "jobs", {"command": "sleep 30", "gpus": 1, "name": "ann-secret"})
+    assert code == 201 and job["user"] == "ann"
+    jid = job["id"]
+    for who in ("ann", "boss"):
+        code, seen = await call(jp_fetch, who, "GET", f"jobs/{jid}")
+        assert seen["name"] == "ann-secret" and seen["command"] == ["sleep", "30"]
+        assert (await call(jp_fetch, who, "GET", f"jobs/{jid}/log"))[0] == 200
+    code, seen = await call(jp_fetch, "bob", "GET", f"jobs/{jid}")
+    assert code == 200 and seen["private"] is True and seen["name"] is None and seen["command"] is None
+    assert seen["user"] == "ann" and seen["gpus"] == 1
+    listed = (await call(jp_fetch, "bob", "GET", "jobs"))[1]["jobs"]
+    assert [j["command"] for j in listed if j["id"] == jid] == [None]
+    for sub in ("log", "events", "stats"):
+        code, err = await call(jp_fetch, "bob", "GET", f"jobs/{jid}/{sub}")
+        assert code == 403 and "private" in err["message"], sub
+    assert (await call(jp_fetch, "bob", "DELETE", f"jobs/{jid}"))[0] == 403
+    assert (await call(jp_fetch, "boss", "DELETE", f"jobs/{jid}"))[0] == 200
+
+
+@pytest.fixture
+def gpujobs_config(gpujobs_config: dict[str, Any], request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {**gpujobs_config, **getattr(request, "param", {})}
+
+
+@pytest.mark.parametrize("gpujobs_config", [{"private_data": False}], indirect=True)
+async def test_private_data_off_shows_everything(jp_fetch: Any, engine: Any) -> None:
+    jid = (await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 0, "name": "open"}))[1]["id"]
+    code, seen = await call(jp_fetch, "bob", "GET", f"jobs/{jid}")
+    assert code == 200 and seen["name"] == "open" and "private" not in seen
