@@ -343,12 +343,9 @@ class QueueHandler(GPUJobsHandler):
         # the plan by identity: comparing plans would compare their 10k-long orders
         fresh = hit is not None and hit[1][0] is state[0] and hit[1][1:] == state[1:] and now - hit[0] <= self.CACHE_S
         if not fresh:
-            jobs = service.queue()
-            if user:
-                jobs = [j for j in jobs if j.user == user]
-            page = jobs[offset:offset + limit]
-            nxt = offset + limit if offset + limit < len(jobs) else None
-            body = json.dumps({"jobs": [service.view(j, viewer) for j in page], "total": len(jobs), "offset": offset,
+            page, total = service.queue_page(offset, limit, user)
+            nxt = offset + limit if offset + limit < total else None
+            body = json.dumps({"jobs": [service.view(j, viewer) for j in page], "total": total, "offset": offset,
                                "next": nxt}, allow_nan=False).encode()
             if len(cache) > 256:
                 cache.clear()
