@@ -391,7 +391,7 @@ class QuotaWidget(_LiveWidget):
             gq = g.get("quota") or {}
             lines.append(f"group {name}: {g.get('running_gpus', 0)} GPUs running "
                          f"(guaranteed {gq.get('guaranteed_gpus', 0)}, max {gq.get('max_gpus', 'no limit')})")
-        self.details.value = "<br>".join(html.escape(line) for line in lines)
+        self.details.value = "<br>".join(html.escape(safe_text(line)) for line in lines)
 
 
 # ----------------------------------------------------------------------------- queue
