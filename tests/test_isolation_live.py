@@ -143,8 +143,11 @@ def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_serv
         assert time.monotonic() < deadline
         time.sleep(0.05)
     job_pids = [int(p) for p in pids.read_text().split()]
-    while u1.job(job["id"])["state"] == "RUNNING":
-        assert u1.job(waiting["id"])["state"] == "PENDING"
+    while True:
+        other = u1.job(waiting["id"])["state"]  # read first: the job was running then if it is after
+        if u1.job(job["id"])["state"] != "RUNNING":
+            break
+        assert other == "PENDING", "a GPU of a running job was handed out"
         assert time.monotonic() < deadline + 20
         time.sleep(0.1)
     assert u1.job(job["id"])["state"] == "TIMEOUT"
