@@ -165,10 +165,11 @@ class Team:
         proc = subprocess.Popen(as_user(user, argv), env=user_env(user, home), cwd=home,
                                 stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         server = UserServer(user, home, port, token, proc, log_path)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180  # a loaded 2-core machine has taken over a minute
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{user}'s Jupyter server did not start:\n{log_path.read_text()[-3000:]}")
+                state = f"exited with {proc.returncode}" if proc.poll() is not None else "no answer in 180 s"
+                raise RuntimeError(f"{user}'s Jupyter server did not start ({state}):\n{log_path.read_text()[-3000:]}")
             try:
                 if server.api("GET", "whoami").status_code == 200:
                     return server

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +64,13 @@ def test_every_caller_is_its_unix_user(team: Team) -> None:
     assert team.run_as(ADMIN, WHOAMI) == {"user": ADMIN, "admin": True}  # a member of the admin group
     with team.socket_client() as c:
         assert c.get("whoami").json() == {"user": "root", "admin": True}
+    # a process whose uid has no account on this machine is nobody: nothing answers it
+    nobody = subprocess.run(
+        ["setpriv", "--reuid=54321", "--regid=54321", "--clear-groups", str(USER_PYTHON), "-c",
+         ON_SOCKET.format(sock=str(team.socket)) + "print(json.dumps([c.get(p).status_code for p in "
+         "['whoami', 'jobs', 'queue', 'gpus']] + [c.post('jobs', json={'command': 'true', 'gpus': 0}).status_code]))"],
+        capture_output=True, text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+    assert json.loads(nobody.stdout) == [403] * 5, nobody.stderr
     log = team.engine_log.read_text()
     assert "gpujobs shared engine: 4 GPU(s) via fake (A100), claimed" in log
     assert f"socket {team.socket}" in log
