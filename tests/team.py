@@ -83,12 +83,12 @@ class UserServer:
         headers = {**({"Authorization": f"token {tok}"} if tok else {}), **kw.pop("headers", {})}
         return httpx.request(method, self.url + "gpujobs/api/" + path, headers=headers, timeout=30, **kw)
 
-    def start_kernel(self) -> Any:
+    def start_kernel(self, name: str = "python3") -> Any:
         """A kernel started by this server (so running as its user), and a client to it: root
         reads the connection file the server wrote."""
         from jupyter_client import BlockingKernelClient
 
-        r = httpx.post(self.url + "api/kernels", json={"name": "python3"},
+        r = httpx.post(self.url + "api/kernels", json={"name": name},
                        headers={"Authorization": f"token {self.token}"}, timeout=60)
         r.raise_for_status()
         kid = r.json()["id"]

@@ -117,6 +117,24 @@ def test_jobs_and_kernels_carry_no_credential(team: Team) -> None:
         kc.stop_channels()
 
 
+def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
+    """The kernel provisioner, in the user's server, queues the kernel on the shared engine."""
+    r = team.cli(U2, "kernelspec", "install", "--name", "gpu-test", "--user", "-g", "1", "-t", "10m")
+    assert r.returncode == 0, r.stderr
+    s2 = team.servers[U2]
+    kc = s2.start_kernel("gpu-test")
+    try:
+        env = _evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_JOB_ID'), "
+                            "os.environ.get('CUDA_VISIBLE_DEVICES'), os.getuid()]))")
+        assert env[0] and env[1] and env[2] == _uid(U2)
+        job = s2.api("GET", f"jobs/{env[0]}").json()
+        assert job["kind"] == "kernel" and job["user"] == U2 and job["state"] == "RUNNING"
+        other = team.servers[U1].api("GET", f"jobs/{env[0]}").json()
+        assert other["private"] is True and other["user"] == U2
+    finally:
+        kc.stop_channels()
+
+
 @pytest.mark.skipif(not RUNS_AS_OWNER, reason="jobs do not run as their owners yet (runner has no run_as)")
 def test_a_job_submitted_from_a_job_belongs_to_the_same_user(team: Team) -> None:
     code = ("from jupyter_gpujobs.client import GPUJobsClient as C; c = C(); "
