@@ -284,3 +284,28 @@ def test_ignored_settings_are_logged_once(server: Any) -> None:
     text = server.server_log()
     assert text.count("these c.GPUJobs settings are ignored") == server.server_log().count("Serving notebooks from")
     assert "c.GPUJobs.backfill" in text and "c.GPUJobs.kill_grace" not in text
+
+
+def test_switching_a_server_to_slurm_reports_its_local_runs_as_lost(slurm: SlurmCluster,
+                                                                    tmp_path: Path) -> None:
+    from servers import live_servers
+
+    factory = live_servers(tmp_path)
+    make = next(factory)
+    try:
+        server = make(fake_gpus="1xA100")  # the local runner
+        with server.client() as client:
+            running = client.submit(["sleep", "60"], gpus=1, time_limit="5m")
+            waiting = client.submit(["true"], gpus=1, time_limit="5m")
+            assert wait_state(client, running["id"], ("RUNNING",))["state"] == "RUNNING"
+        server.kill()
+        server.args.append("--GPUJobs.runner=slurm")
+        server.start()
+        with server.client() as client:
+            lost = client.wait(running["id"], timeout=10)
+            moved = client.wait(waiting["id"], timeout=30)  # still pending: handed to Slurm
+            shown = server.cli("show", str(waiting["id"])).stdout
+    finally:
+        next(factory, None)
+    assert lost["state"] == "LOST" and "started by the local runner" in lost["reason"], lost
+    assert moved["state"] == "COMPLETED" and "submitted to Slurm as job" in shown

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..model import GPU, Job, JobState, Plan, Reasons
-from .runners import LaunchRequest
+from .runners import Exit, LaunchRequest
 from .scheduler.deferral import next_window_start
 
 if TYPE_CHECKING:
@@ -51,8 +51,13 @@ class Mirror:
         for job in pending + running:
             s._keep(job)
             handle = s.store.runner_handle(job.id)
-            if handle:
+            if handle and handle.get("runner") == getattr(self.runner, "name", None):
                 s._handles[job.id] = handle
+            elif job.state is JobState.RUNNING:  # started by another runner (c.GPUJobs.runner changed)
+                s._finish(job.id, Exit(job.id, "lost", None, None,
+                                       f"started by the {(handle or {}).get('runner') or 'local'} runner; this "
+                                       f"engine now hands jobs to {getattr(self.runner, 'name', 'its runner')}",
+                                       s.clock()))
 
     async def loop(self) -> None:
         s = self.service
