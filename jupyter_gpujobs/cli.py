@@ -412,11 +412,24 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
     print(f"  running jobs   {q['running_jobs']} (max {lim(q['max_running_jobs'])})")
     print(f"  queued jobs    {q['pending_jobs']}")
     print(f"  max time limit {format_duration(q['max_time_limit_s'])}")
+    if q.get("set"):
+        print(f"  quota set by {q['set']['by']} at {_when(q['set']['at'])}: {json.dumps(q['set']['quota'])}")
     for name, g in q.get("groups", {}).items():
         gq = g.get("quota") or {}
         print(f"  group {safe_text(name)}: {g['running_gpus']} GPUs running (guaranteed {gq.get('guaranteed_gpus', 0)}, "
               f"max {lim(gq.get('max_gpus'))})")
+        if g.get("set"):
+            print(f"    quota set by {g['set']['by']} at {_when(g['set']['at'])}: {json.dumps(g['set']['quota'])}")
+    if q.get("changes"):
+        print("  quota changes (newest first)")
+        for c in q["changes"]:
+            what = json.dumps(c["after"]) if c["after"] is not None else "cleared"
+            print(f"    {_when(c['time'])}  {c['actor']} set {c['scope'][:-1]} {c['name']}: {what}")
     return 0
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _monitor_command(client: GPUJobsClient, args: argparse.Namespace) -> int:

@@ -15,3 +15,35 @@ def test_upgrade_from_the_first_schema_keeps_jobs_and_events(tmp_path: Path) -> 
 
 def test_a_database_of_a_newer_version_is_refused_and_left_unchanged(tmp_path: Path) -> None:
     check_newer_schema_is_refused(f"sqlite:///{tmp_path / 'gpujobs.sqlite'}")
+
+
+def test_upgrade_to_stored_quotas_keeps_jobs_and_keeps_quotas_across_reopening(tmp_path: Path) -> None:
+    from jupyter_gpujobs.engine.store import Store
+
+    url = f"sqlite:///{tmp_path / 'gpujobs.sqlite'}"
+    old = Store(url)
+    old.migrate("0003")  # the schema before quotas were stored
+    job = old.add_jobs([{"user": "alice", "command": ["true"], "gpus": 1}], actor="alice", now=1.0)[0]
+    old.close()
+    store = Store(url)
+    store.migrate()
+    assert store.revision() != "0003"
+    assert store.get(job.id) == job
+    store.set_quota("users", "alice", {"max_gpus": 1}, "admin", 10.0)
+    store.set_quota("users", "alice", {"max_gpus": 2}, "root", 20.0)
+    store.set_quota("groups", "vision", {"guaranteed_gpus": 2}, "admin", 30.0)
+    store.set_quota("groups", "vision", None, "admin", 40.0)
+    store.close()
+    again = Store(url)
+    try:
+        assert again.load_quotas() == {"users": {"alice": {"quota": {"max_gpus": 2}, "set_by": "root", "set_at": 20.0}},
+                                       "groups": {}}
+        assert [(c["time"], c["actor"], c["scope"], c["name"], c["before"], c["after"])
+                for c in again.quota_changes()] == [
+            (40.0, "admin", "groups", "vision", {"guaranteed_gpus": 2}, None),
+            (30.0, "admin", "groups", "vision", None, {"guaranteed_gpus": 2}),
+            (20.0, "root", "users", "alice", {"max_gpus": 1}, {"max_gpus": 2}),
+            (10.0, "admin", "users", "alice", None, {"max_gpus": 1}),
+        ]
+    finally:
+        again.close()

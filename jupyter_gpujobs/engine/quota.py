@@ -1,4 +1,5 @@
-"""What a user sees of their quota: their layered limits next to what they use now."""
+"""What a user sees of their quota: their layered limits next to what they use now, and, for
+a quota an admin set through the API or CLI, who set it and when (with its recent changes)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
             "quota": quota_to_dict(policy.group_quotas.get(name)),
             "running_gpus": sum(j.gpus for j in members),
             "running_jobs": len(members),
+            "set": _set(service, "groups", name),
         }
     max_gpus = quota.max_gpus if quota and quota.max_gpus is not None else policy.user_max_gpus
     max_jobs = (quota.max_running_jobs if quota and quota.max_running_jobs is not None
@@ -51,4 +53,14 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
         "total_gpus": len(service.inventory),
         "urgent_reserve_gpus": policy.urgent_reserve_gpus,
         "groups": groups,
+        "set": _set(service, "users", user),
+        "changes": service.store.quota_changes([("users", user), *(("groups", g) for g in groups)], limit=10),
     }
+
+
+def _set(service: Any, scope: str, name: str) -> dict[str, Any] | None:
+    """A stored quota (set through the API or CLI): {"quota", "by", "at"}; None for a configured one."""
+    stored = service.quota_stored.get((scope, name))
+    if stored is None:
+        return None
+    return {"quota": service.quota_overrides[scope].get(name), "by": stored["set_by"], "at": stored["set_at"]}

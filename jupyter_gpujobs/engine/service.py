@@ -38,13 +38,13 @@ from ..model import (
 )
 from .claim import GPUClaim
 from .gpus import GPUBackend
-from .runners import Exit, LaunchRequest, LocalRunner
+from .runners import NOT_STARTED_REASON, Exit, LaunchRequest, LocalRunner
 from .runners.cgroups import FENCE_OFF
 from .runners.users import NotAUnixUser, can_enter, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
-from .store import GPUAlreadyAllocated, NewJobs, Store
+from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -133,6 +133,7 @@ class JobService:
         self.admin_group = admin_group  # members of this Unix group are admins (shared engine)
         self.private_data = private_data  # others' jobs show only their queue view (PrivateData=jobs)
         self.gpu_claim = gpu_claim  # the machine-wide claim of the GPUs (claim.py); None: not claimed
+        self.quota_stored: dict[tuple[str, str], dict[str, Any]] = {}  # (scope, name) -> set_by, set_at
 
         # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
         # `_pending` to the scheduler as it is, without a pass over 10k jobs
@@ -158,6 +159,14 @@ class JobService:
         # wait with that reason, outside the cycle, until an admin cancels them (or a restart)
         self.set_aside: dict[int, tuple[str, str]] = {}
         self._refusing = False  # another engine owns the GPUs (said once in the log)
+        self._cancel_requested: dict[int, str] = {}  # running job id -> why; a cancel wins over a preemption
+        # the disk under the store is full or read-only: results that could not be recorded yet
+        # (job id -> how it ended), recorded once it is writable again; the trouble is logged
+        # once a minute, not per request
+        self.store_trouble: StoreUnavailable | None = None
+        self._unrecorded: dict[int, Exit] = {}
+        self._trouble_logged_at = -float("inf")
+        self._unrecorded_tried_at = 0.0
         self._warned: set[int] = set()
         self._listeners: set[Listener] = set()
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
@@ -199,6 +208,7 @@ class JobService:
             self.wake()
             return
         self._load_usage()
+        self._load_quotas()
         self.reconcile()
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
@@ -258,14 +268,22 @@ class JobService:
             self._save_usage(now)
 
     def reconcile(self) -> None:
-        """Load active jobs; a running job whose supervisor is gone becomes LOST (or gets
-        its recorded result); nothing else is restarted or double-allocated."""
+        """Load active jobs and find the run of every running one: reattach to its supervisor,
+        record the result it left, or, for a run recorded but never started (the engine
+        stopped in between), put the job back in the queue. A job is LOST only when its run
+        started and its supervisor vanished without a result; nothing is double-allocated."""
         pending, running = self.store.active_jobs()
         self._pending, self._running = {}, {}
         for job in pending + running:
             self._keep(job)
         self._handles = {}
         for job in running:
+            events = self.store.events(job_id=job.id)
+            if any(e["state"] == "WARNING" for e in events):
+                self._warned.add(job.id)
+            for e in events:  # a cancel asked before the restart still wins
+                if e["state"] == "STOPPING" and (e.get("data") or {}).get("outcome") == "cancelled":
+                    self._cancel_requested[job.id] = (e.get("data") or {}).get("reason") or e["reason"]
             if job.kind in EXTERNAL_KINDS:
                 continue
             handle = self.store.runner_handle(job.id)
@@ -273,10 +291,18 @@ class JobService:
                 self._finish(job.id, Exit(job.id, "lost", None, None,
                                           "no supervisor was recorded for this job", self.clock()))
                 continue
+            if not handle.get("pid"):  # recorded, but its start was not confirmed
+                found = self.runner.reattach(job.id, handle)
+                if found is None:
+                    self._set_state(job.id, JobState.PENDING, "engine", NOT_STARTED_REASON, expect=(JobState.RUNNING,),
+                                    started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={})
+                    continue
+                if isinstance(found, Exit):
+                    self._finish(job.id, found)
+                    continue
+                handle = found
+                self.store.update_job(job.id, runner_handle=handle)
             self._handles[job.id] = handle
-        for job in running:
-            if any(e["state"] == "WARNING" for e in self.store.events(job_id=job.id)):
-                self._warned.add(job.id)
         # results written while the server was down, and supervisors that vanished
         for exit_ in self.runner.poll(dict(self._handles)):
             self._finish(exit_.job_id, exit_)
@@ -322,6 +348,8 @@ class JobService:
             self._wake.clear()
             try:
                 self.cycle()
+            except StoreUnavailable as err:
+                self._note_store_trouble(err)
             except Exception:
                 log.exception("gpujobs: scheduling cycle failed")
             # Under load cycles over a long queue would run back to back and starve the
@@ -341,6 +369,8 @@ class JobService:
             await asyncio.sleep(self.poll_interval)
             try:
                 self.poll()
+            except StoreUnavailable as err:
+                self._note_store_trouble(err)
             except Exception:
                 log.exception("gpujobs: polling job supervisors failed")
 
@@ -680,13 +710,18 @@ class JobService:
         """All in one transaction; if that fails, each on its own, so that one bad submission
         costs only itself."""
         try:
-            return list(self.store.add_submissions(batch))
+            outcomes: list[list[Job] | Exception] = list(self.store.add_submissions(batch))
+            self._store_ok()
+            return outcomes
+        except StoreUnavailable as err:  # each alone would fail the same way
+            self._note_store_trouble(err)
+            return [err for _ in batch]
         except Exception as err:
             if len(batch) == 1:
                 return [err]
             log.warning("gpujobs: storing %d submissions together failed (%s); storing them one by one",
                         len(batch), err)
-        outcomes: list[list[Job] | Exception] = []
+        outcomes = []
         for new in batch:
             try:
                 outcomes.append(self.store.add_submissions([new])[0])
@@ -726,7 +761,12 @@ class JobService:
         if job.state is JobState.PENDING or job.kind in EXTERNAL_KINDS:
             return self._set_state(job.id, JobState.CANCELLED, user, reason,
                                    expect=(JobState.PENDING, JobState.RUNNING)) or self.get(job_id)
-        self._terminate(job, reason, "cancelled", self.kill_grace_s)
+        if job.id in self._terminating:  # already stopping (preempted): it ends CANCELLED, not requeued
+            self.store.add_event(job.id, "STOPPING", user, f"stopping: {reason} (already stopping)", self.clock(),
+                                 data={"outcome": "cancelled", "reason": reason})
+            self._cancel_requested[job.id] = reason
+        else:
+            self._terminate(job, reason, "cancelled", self.kill_grace_s, actor=user)
         return await self.wait_ended(job_id, wait_s)
 
     async def wait_ended(self, job_id: int, timeout: float) -> Job:
@@ -778,11 +818,42 @@ class JobService:
             raise PermissionDenied("only admins may change quotas")
         if scope not in ("users", "groups"):
             raise InvalidInput("scope", "expected 'users' or 'groups'")
+        now = self.clock()
+        self.store.set_quota(scope, name, quota, actor, now)  # stored first: it survives restarts
         if quota is None:
             self.quota_overrides[scope].pop(name, None)
+            self.quota_stored.pop((scope, name), None)
         else:
             self.quota_overrides[scope][name] = quota
+            self.quota_stored[(scope, name)] = {"set_by": actor, "set_at": now}
+        log.info("gpujobs: %s %s the quota of %s %s%s", actor, "cleared" if quota is None else "set",
+                 scope[:-1], name, "" if quota is None else f" to {quota}")
         self.wake()
+
+    def _load_quotas(self) -> None:
+        """Quotas set through the API before this start."""
+        for scope, entries in self.store.load_quotas().items():
+            for name, entry in entries.items():
+                self.quota_overrides.setdefault(scope, {})[name] = entry["quota"]
+                self.quota_stored[(scope, name)] = {"set_by": entry["set_by"], "set_at": entry["set_at"]}
+
+    # ================================================================= a full or read-only store
+
+    def _note_store_trouble(self, err: StoreUnavailable) -> None:
+        """Nothing can be written now: say so once a minute (not per request or poll)."""
+        self.store_trouble = err
+        now = time.monotonic()
+        if now - self._trouble_logged_at >= 60:
+            self._trouble_logged_at = now
+            log.error("gpujobs: %s; new jobs are refused and %d ended job(s) wait to be recorded "
+                      "(this is logged once a minute while it lasts)", err, len(self._unrecorded))
+
+    def _store_ok(self) -> None:
+        if self.store_trouble is not None:
+            log.warning("gpujobs: %s is writable again", self.store_trouble.where)
+            self.store_trouble = None
+            self._trouble_logged_at = -float("inf")
+            self.wake()
 
     # ================================================================= listeners
 
@@ -820,6 +891,8 @@ class JobService:
             self._handles.pop(job_id, None)
             self._terminating.discard(job_id)
             self._warned.discard(job_id)
+            self._cancel_requested.pop(job_id, None)
+            self._unrecorded.pop(job_id, None)
             for fut in self._ended_waiters.pop(job_id, []):
                 if not fut.done():
                     fut.set_result(job)
@@ -830,22 +903,37 @@ class JobService:
         self.wake()
         return job
 
-    def _terminate(self, job: Job, reason: str, outcome: str, grace_s: int) -> None:
+    def _terminate(self, job: Job, reason: str, outcome: str, grace_s: int, actor: str = "engine") -> None:
         if job.id in self._terminating:
             return
         handle = self._handles.get(job.id)
         if handle is None:
             return
+        self.store.add_event(job.id, "STOPPING", actor, f"stopping: {reason}", self.clock(),
+                             data={"outcome": outcome, "reason": reason})
         self._terminating.add(job.id)
-        self.store.add_event(job.id, "STOPPING", "engine", f"stopping: {reason}", self.clock())
+        if outcome == "cancelled":
+            self._cancel_requested[job.id] = reason
         self.runner.terminate(job.id, handle, reason, outcome, grace_s)
 
     def poll(self) -> None:
-        """Record jobs whose process ended."""
+        """Record jobs whose process ended. A result that cannot be stored now (full or
+        read-only disk) is kept and recorded once the store is writable again."""
+        if self._unrecorded and time.monotonic() - self._unrecorded_tried_at >= 1.0:
+            self._unrecorded_tried_at = time.monotonic()
+            for job_id, exit_ in list(self._unrecorded.items()):
+                self._finish(job_id, exit_)  # raises StoreUnavailable while it lasts
+                self._unrecorded.pop(job_id, None)
+            self._store_ok()
         if not self._handles:
             return
         for exit_ in self.runner.poll(dict(self._handles)):
-            self._finish(exit_.job_id, exit_)
+            try:
+                self._finish(exit_.job_id, exit_)
+            except StoreUnavailable as err:
+                self._unrecorded[exit_.job_id] = exit_
+                self._handles.pop(exit_.job_id, None)  # ended: nothing more to watch
+                self._note_store_trouble(err)
 
     def _finish(self, job_id: int, exit_: Exit) -> None:
         job = self.active_job(job_id) or self.store.get(job_id)
@@ -856,13 +944,18 @@ class JobService:
         fields = {"exit_code": exit_.exit_code, "signal": exit_.signal,
                   "run_seconds": job.run_seconds + max(0.0, ran)}
         data = {"outcome": exit_.outcome, "exit_code": exit_.exit_code, "signal": exit_.signal}
+        cancelled = self._cancel_requested.get(job_id)
+        if cancelled and exit_.outcome in ("preempted", "cancelled"):  # a cancel wins over a requeue
+            self._set_state(job_id, JobState.CANCELLED, "runner", cancelled, data=data, ended_at=exit_.ended_at,
+                            **fields)
+            return
         if exit_.outcome == "preempted":
-            if job.requeue:
+            if job.requeue or not exit_.started:
+                self._set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
+                                started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
+                                restarts=job.restarts + (1 if exit_.started else 0), **fields)
                 self._handles.pop(job_id, None)
                 self._terminating.discard(job_id)
-                self._set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
-                                started_at=None, host=None, assigned_gpus=(), borrowed=False,
-                                restarts=job.restarts + 1, **fields)
                 return
             state = JobState.CANCELLED
         else:
@@ -1048,58 +1141,90 @@ class JobService:
                     self._terminate(job, reason, "timeout", self.kill_grace_s)
 
     def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool) -> None:
+        """Start a job, crash-safe: where its run will live is stored with its RUNNING
+        transition, before its supervisor starts, so a restart at any point finds the run
+        (see `reconcile`) rather than calling the job lost while it runs."""
         now = self.clock()
         reason = "started on GPU " + ",".join(str(g.index) for g in gpus) if gpus else "started (no GPU)"
         if borrowed:
             reason += " (borrowed: may be reclaimed)"
+        request: LaunchRequest | None = None
+        handle: dict[str, Any] = {}
+        log_path: str | None = None
+        if job.kind not in EXTERNAL_KINDS:
+            log_path = str(self.state_dir / "logs" / f"job-{job.id}.log")
+            request = self._launch_request(job, gpus, log_path)
+            try:
+                handle = self.runner.prepare(request)
+            except OSError as err:
+                trouble = store_trouble(err, str(getattr(self.runner, "state_dir", self.state_dir)))
+                if trouble is not None:
+                    raise trouble from err
+                log.exception("gpujobs: could not prepare the run of job %s", job.id)
+                return
         try:
             started = self.store.start(job.id, host, [(g.index, g.uuid) for g in gpus], now,
-                                       borrowed=borrowed, reason=reason)
+                                       borrowed=borrowed, reason=reason, runner_handle=handle, log_path=log_path)
         except GPUAlreadyAllocated as err:
+            self._discard(handle)
             log.error("gpujobs: refused to start job %s: %s", job.id, err)
             return
+        except Exception:
+            self._discard(handle)
+            raise
         if started is None:
+            self._discard(handle)
             return
         self._keep(started)
-        if job.kind not in EXTERNAL_KINDS:
-            log_path = self.state_dir / "logs" / f"job-{job.id}.log"
-            env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
-            if job.array_index is not None:
-                env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
-                env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
-            nodes = self.gpus.device_nodes()
-            given = {g.index for g in gpus}
+        if request is not None:
             try:
-                owner = run_as(job.user, self.run_as_owner)
-            except NotAUnixUser:
-                owner = job.user  # the runner fails the job with the reason
-            request = LaunchRequest(
-                job_id=job.id,
-                command=list(job.command),
-                cwd=job.cwd or str(self.root_for(job.user)),
-                env=env,
-                gpu_indices=[g.index for g in gpus],
-                gpu_uuids=[g.uuid for g in gpus],
-                time_limit_s=job.time_limit_s,
-                grace_s=self.kill_grace_s,
-                log_path=str(log_path),
-                fake=self.gpus.name == "fake",
-                run_as=owner,
-                mem_bytes=job.mem_bytes,
-                cpus=job.cpus,
-                deny_devices=[path for index, path in sorted(nodes.items()) if index not in given],
-            )
-            try:
-                handle = self.runner.start(request)
+                handle = self.runner.start(request, handle)
             except Exception as err:
                 log.exception("gpujobs: could not start job %s", job.id)
                 self._set_state(job.id, JobState.FAILED, "runner", f"could not start: {err}",
                                 expect=(JobState.RUNNING,))
                 return
-            self.store.update_job(job.id, runner_handle=handle, log_path=str(log_path))
             self._handles[job.id] = handle
+            try:
+                self.store.update_job(job.id, runner_handle=handle)
+            except StoreUnavailable as err:  # the run directory is stored: a restart finds it by that
+                self._note_store_trouble(err)
         self._publish(started, {"job_id": job.id, "time": now, "state": "RUNNING", "actor": "scheduler",
                                 "reason": reason})
+
+    def _launch_request(self, job: Job, gpus: list[GPU], log_path: str) -> LaunchRequest:
+        env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
+        if job.array_index is not None:
+            env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
+            env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
+        nodes = self.gpus.device_nodes()
+        given = {g.index for g in gpus}
+        try:
+            owner = run_as(job.user, self.run_as_owner)
+        except NotAUnixUser:
+            owner = job.user  # the runner fails the job with the reason
+        return LaunchRequest(
+            job_id=job.id,
+            command=list(job.command),
+            cwd=job.cwd or str(self.root_for(job.user)),
+            env=env,
+            gpu_indices=[g.index for g in gpus],
+            gpu_uuids=[g.uuid for g in gpus],
+            time_limit_s=job.time_limit_s,
+            grace_s=self.kill_grace_s,
+            preempt_grace_s=self.policy.preempt_grace_s,
+            log_path=log_path,
+            fake=self.gpus.name == "fake",
+            run_as=owner,
+            mem_bytes=job.mem_bytes,
+            cpus=job.cpus,
+            deny_devices=[path for index, path in sorted(nodes.items()) if index not in given],
+        )
+
+    def _discard(self, handle: dict[str, Any]) -> None:
+        discard = getattr(self.runner, "discard", None)
+        if handle and discard is not None:
+            discard(handle)
 
 
 def _culprit(jobs: list[Job], plan: Callable[[list[Job]], Plan]) -> Job | None:
@@ -1168,4 +1293,4 @@ def _format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-__all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "EXTERNAL_KINDS"]
+__all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable", "EXTERNAL_KINDS"]

@@ -24,7 +24,7 @@ from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
-from ..service import JobService, NotFound, PermissionDenied, redact
+from ..service import JobService, NotFound, PermissionDenied, StoreUnavailable, redact
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
@@ -184,6 +184,11 @@ class GPUJobsHandler(APIHandler):
             raise ApiError(400, name, err.message) from None
         return raw
 
+    def _log(self) -> None:
+        if self.get_status() in (503, 507) and self.service.store_trouble is not None:
+            return  # the engine logs a full or read-only store once a minute, not every request
+        super()._log()
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, ApiError):
@@ -199,6 +204,8 @@ class GPUJobsHandler(APIHandler):
             e = ApiError(404, None, str(e))
         elif isinstance(e, PermissionDenied):
             e = ApiError(403, None, str(e))
+        elif isinstance(e, StoreUnavailable):  # 507 Insufficient Storage; read-only: 503
+            e = ApiError(503 if e.read_only else 507, None, str(e))
         if isinstance(e, ApiError):
             if self._finished:
                 return

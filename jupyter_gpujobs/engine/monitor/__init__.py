@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...model import GPU, Job, JobState, parse_duration
 from ..gpus import GPUBackend, GPUProcess, GPUSample
+from ..store import StoreUnavailable
 from .diagnosis import (
     Finding,
     detect_gpu_errors,
@@ -205,6 +206,8 @@ class Monitor:
             return
         try:
             self.sampler.record_inventory(self.backend.inventory(), time.time())
+        except StoreUnavailable:
+            pass  # a full or read-only disk: the engine says so once a minute
         except Exception:
             self.log.exception("gpujobs: recording the GPU inventory failed")
         self._wake = asyncio.Event()
@@ -240,12 +243,16 @@ class Monitor:
             wake.clear()
             try:
                 self._process_ended()
+            except StoreUnavailable:
+                pass  # a full or read-only disk: the engine says so once a minute
             except Exception:
                 self.log.exception("gpujobs: diagnosing ended jobs failed")
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.settings.sample_interval
                 try:
                     self.tick(time.time())
+                except StoreUnavailable:
+                    pass  # a full or read-only disk: the engine says so once a minute
                 except Exception:
                     self.log.exception("gpujobs: GPU monitoring tick failed")
 

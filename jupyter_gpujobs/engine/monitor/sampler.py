@@ -20,7 +20,7 @@ from typing import Any
 
 from ...model import GPU, Job, JobState
 from ..gpus import GPUBackend, GPUSample
-from ..store import Store
+from ..store import Store, StoreUnavailable
 from ..store import monitoring as mstore
 from .diagnosis import GPUErrorState, update_gpu_errors
 
@@ -83,12 +83,16 @@ class Sampler:
                 self.errors_changed.add(s.uuid)
         try:
             mstore.add_samples(self.store, [mstore.SampleValues.of(self.host, s) for s in samples], stats=changed)
+        except StoreUnavailable:
+            pass  # a full or read-only disk: the engine says so once a minute
         except Exception:
             log.exception("gpujobs: storing GPU samples failed")
         if now - self._last_rollup >= self.rollup_every_s:
             self._last_rollup = now
             try:
                 mstore.rollup(self.store, now, self.raw_keep_s, self.minute_keep_s, self.hour_keep_s)
+            except StoreUnavailable:
+                pass  # a full or read-only disk: the engine says so once a minute
             except Exception:
                 log.exception("gpujobs: rolling up GPU samples failed")
         return samples
@@ -139,6 +143,8 @@ class Sampler:
         stats.final = True
         try:
             mstore.save_job_stats(self.store, [stats])
+        except StoreUnavailable:
+            pass  # a full or read-only disk: the engine says so once a minute
         except Exception:
             log.exception("gpujobs: storing the stats of job %s failed", job_id)
         return stats

@@ -18,10 +18,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .base import LOST_REASON, OUTCOMES, Exit, LaunchRequest, Outcome, Runner, StopOutcome
+    from .base import (
+        LOST_REASON,
+        NOT_STARTED_REASON,
+        OUTCOMES,
+        Exit,
+        LaunchRequest,
+        Outcome,
+        Runner,
+        StopOutcome,
+    )
     from .local import LocalRunner
 
-_LAZY = {"LocalRunner": "local", "LOST_REASON": "base", "OUTCOMES": "base", "Exit": "base",
+_LAZY = {"LocalRunner": "local", "LOST_REASON": "base", "NOT_STARTED_REASON": "base", "OUTCOMES": "base",
+         "Exit": "base",
          "LaunchRequest": "base", "Outcome": "base", "Runner": "base", "StopOutcome": "base"}
 
 
@@ -74,4 +84,6 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f"{__name__}.{module}"), name)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "make_local_runner", "make_runner", "runner_names", "LOST_REASON", "OUTCOMES", "Exit", "LaunchRequest", "LocalRunner", "Outcome", "Runner", "StopOutcome"]
+__all__ = ["ENTRY_POINT_GROUP", "make_local_runner", "make_runner", "runner_names", "LOST_REASON",
+           "NOT_STARTED_REASON", "OUTCOMES", "Exit", "LaunchRequest", "LocalRunner", "Outcome", "Runner",
+           "StopOutcome"]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +16,9 @@ StopOutcome = Literal["cancelled", "preempted", "timeout"]
 
 #: Reason of a run whose supervisor disappeared without leaving a result.
 LOST_REASON = "supervisor process vanished (was the machine rebooted or the process killed?)"
+
+#: Reason of a run that was recorded but whose job never started (the engine stopped first).
+NOT_STARTED_REASON = "the engine stopped before this run started; queued again"
 
 
 @dataclass
@@ -28,7 +32,8 @@ class LaunchRequest:
     gpu_indices: list[int] = field(default_factory=list)
     gpu_uuids: list[str] = field(default_factory=list)
     time_limit_s: int | None = None
-    grace_s: float = 10
+    grace_s: float = 10  # SIGTERM to SIGKILL at the time limit or a cancel (GPUJOBS_KILL_GRACE)
+    preempt_grace_s: float | None = None  # the same when preempted (GPUJOBS_PREEMPT_GRACE); None: grace_s
     log_path: str = ""
     fake: bool = False
     #: the Unix user the job runs as (its owner); None or the engine's own user: as the engine
@@ -49,15 +54,29 @@ class Exit:
     signal: int | None
     reason: str
     ended_at: float
+    started: bool = True  # False: the job's process never started (stopped before it could)
 
 
 class Runner(abc.ABC):
     """Starts runs, stops them, and reports their ends. Handles are JSON-able dicts that the
     service stores, so a restarted server can reattach to runs that outlived it."""
 
+    def prepare(self, req: LaunchRequest) -> dict[str, Any]:
+        """Choose where the run will live, before anything starts: the handle the service
+        records with the job's RUNNING transition, so that a restart finds the run even if
+        the engine stops between recording it and starting it (see `reattach`)."""
+        return {}
+
     @abc.abstractmethod
-    def start(self, req: LaunchRequest) -> dict[str, Any]:
-        """Start a run without waiting for it; return its handle."""
+    def start(self, req: LaunchRequest, handle: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a run (prepared with `prepare`, or not yet) without waiting for it; return
+        its handle."""
+
+    def reattach(self, job_id: int, handle: dict[str, Any]) -> dict[str, Any] | Exit | None:
+        """After a restart, a run recorded by `prepare` whose start was not confirmed: its
+        handle if its supervisor is there, its Exit if it ended, or None if it never started
+        and now never will (its job can go back to the queue)."""
+        return Exit(job_id, "lost", None, None, LOST_REASON, time.time())
 
     @abc.abstractmethod
     def terminate(self, job_id: int, handle: dict[str, Any], reason: str,

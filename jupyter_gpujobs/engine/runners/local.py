@@ -16,6 +16,7 @@ supervisors' liveness at most every `liveness_interval` seconds, so it can run e
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 import psutil
 
 from . import cgroups
-from .base import LOST_REASON, Exit, LaunchRequest, Runner, StopOutcome
+from .base import LOST_REASON, NOT_STARTED_REASON, Exit, LaunchRequest, Runner, StopOutcome
 from .shim import read_json, write_json_atomic
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
@@ -57,7 +58,10 @@ class LocalRunner(Runner):
 
     # ------------------------------------------------------------------ start
 
-    def start(self, req: LaunchRequest) -> dict[str, Any]:
+    def prepare(self, req: LaunchRequest) -> dict[str, Any]:
+        """Make the run's directory with its `spec.json`; nothing runs yet. The service stores
+        the handle with the RUNNING transition, so a restart finds the run by its directory
+        (and cgroups) even if the engine stopped before the supervisor's pid was recorded."""
         self._seq += 1
         job_dir = self.state_dir / f"job-{req.job_id}-{time.time_ns() // 1000:x}{self._seq}"
         job_dir.mkdir(mode=0o700)
@@ -67,13 +71,22 @@ class LocalRunner(Runner):
         write_json_atomic(str(job_dir / "spec.json"), {
             "job_id": req.job_id, "command": list(req.command), "cwd": req.cwd, "env": dict(req.env),
             "gpu_indices": list(req.gpu_indices), "gpu_uuids": list(req.gpu_uuids),
-            "time_limit_s": req.time_limit_s, "grace_s": req.grace_s,
+            "time_limit_s": req.time_limit_s, "grace_s": req.grace_s, "preempt_grace_s": req.preempt_grace_s,
             "log_path": req.log_path or str(job_dir / "output.log"), "fake": bool(req.fake),
             "pythonpath": pythonpath, "run_as": req.run_as, "cgroups": cg,
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
             "bpf_fence": iso.bpf,
         })
+        handle: dict[str, Any] = {"runner": "local", "job_dir": str(job_dir)}
+        if cg:
+            handle["cgroups"] = cg  # a restarted engine finds the job's processes by these
+        return handle
+
+    def start(self, req: LaunchRequest, handle: dict[str, Any] | None = None) -> dict[str, Any]:
+        prepared = handle or self.prepare(req)
+        job_dir = Path(prepared["job_dir"])
+        pythonpath = os.environ.get("PYTHONPATH")
         proc = self._take_standby(pythonpath)
         if proc is not None:
             assert proc.stdin is not None
@@ -92,11 +105,52 @@ class LocalRunner(Runner):
         except psutil.Error:
             create_time = None
         self._children[str(job_dir)] = proc
-        handle = {"runner": "local", "job_dir": str(job_dir), "pid": proc.pid,
-                  "create_time": create_time, "started_at": time.time()}
-        if cg:
-            handle["cgroups"] = cg  # a restarted engine finds the job's processes by these
-        return handle
+        return {**prepared, "pid": proc.pid, "create_time": create_time, "started_at": time.time()}
+
+    def discard(self, handle: dict[str, Any]) -> None:
+        """Remove the directory of a prepared run that will not start."""
+        job_dir = handle.get("job_dir")
+        if job_dir and not handle.get("pid"):
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ reattach
+
+    def reattach(self, job_id: int, handle: dict[str, Any]) -> dict[str, Any] | Exit | None:
+        """Find a run whose supervisor's pid was never recorded, by its directory. A run whose
+        supervisor is not up gets a stop request first: a supervisor that comes up later
+        reads it before it starts the job and only writes a result; one that came up
+        meanwhile is found on the second look and stops the job it may have started."""
+        job_dir = handle.get("job_dir")
+        if not job_dir or not os.path.isdir(job_dir):
+            return None
+        result_path = os.path.join(job_dir, "result.json")
+        for attempt in (1, 2):
+            exit_ = self._read_result(job_id, result_path)
+            if exit_ is not None:
+                return exit_
+            shim = self._find_supervisor(job_dir)
+            if shim is not None:
+                return {**handle, "pid": shim.pid, "create_time": shim.create_time(), "started_at": time.time()}
+            if attempt == 1:
+                write_json_atomic(os.path.join(job_dir, "control.json"), {
+                    "outcome": "preempted", "reason": NOT_STARTED_REASON, "grace_s": 0, "at": time.time()})
+        cg = handle.get("cgroups") or {}
+        if not os.path.exists(os.path.join(job_dir, "state.json")) and not (cg and cgroups.populated(cg)):
+            return None  # no supervisor started the job, and none will now
+        return handle  # the job started and its supervisor is gone: poll() stops what is left, then LOST
+
+    @staticmethod
+    def _find_supervisor(job_dir: str) -> psutil.Process | None:
+        """The live supervisor of a run: the pid it wrote to `ready`, if that process still
+        works in the run's directory (so a recycled pid is not taken for it)."""
+        try:
+            with open(os.path.join(job_dir, "ready")) as f:
+                p = psutil.Process(int(f.read().strip()))
+            if p.status() != psutil.STATUS_ZOMBIE and os.path.samefile(p.cwd(), job_dir):
+                return p
+        except (OSError, ValueError, psutil.Error):
+            pass
+        return None
 
     # ------------------------------------------------------------------ standby supervisor
 
@@ -232,7 +286,8 @@ class LocalRunner(Runner):
             return None
         return Exit(job_id=job_id, outcome=str(data.get("outcome") or "failed"),
                     exit_code=data.get("exit_code"), signal=data.get("signal"),
-                    reason=str(data.get("reason") or ""), ended_at=float(data.get("ended_at") or time.time()))
+                    reason=str(data.get("reason") or ""), ended_at=float(data.get("ended_at") or time.time()),
+                    started=data.get("started_at") is not None or data.get("outcome") not in ("preempted", "cancelled"))
 
     def _forget(self, job_dir: str) -> None:
         proc = self._children.pop(job_dir, None)

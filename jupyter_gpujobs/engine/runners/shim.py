@@ -6,7 +6,7 @@ Jupyter server that started it. The shim owns one run from start to result:
 - reads `JOB_DIR/spec.json` (written by the runner), builds the job's environment
   (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, empty for
   none; CUDA_DEVICE_ORDER=PCI_BUS_ID; GPUJOBS_JOB_ID, GPUJOBS_GPU_UUIDS, GPUJOBS_TIME_LIMIT,
-  GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
+  GPUJOBS_KILL_GRACE, GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
   command in its own process group with stdout and stderr merged into the log file;
 - becomes a child subreaper (Linux), so descendants that leave the process group or
   daemonize are re-parented to it and can still be found and killed;
@@ -55,9 +55,16 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     """Write JSON so a reader sees the old file, no file, or the whole new one."""
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)  # a full disk: leave nothing half-written
+        except OSError:
+            pass
+        raise
 
 
 def read_json(path: str) -> dict[str, Any] | None:
@@ -130,7 +137,9 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
         "GPUJOBS_JOB_ID": str(spec["job_id"]),
         "GPUJOBS_GPU_UUIDS": ",".join(spec.get("gpu_uuids") or []),
         "GPUJOBS_TIME_LIMIT": str(int(limit)) if limit else "",
-        "GPUJOBS_PREEMPT_GRACE": str(int(spec.get("grace_s") or 0)),
+        "GPUJOBS_KILL_GRACE": str(int(spec.get("grace_s") or 0)),
+        "GPUJOBS_PREEMPT_GRACE": str(int(spec["preempt_grace_s"] if spec.get("preempt_grace_s") is not None
+                                         else spec.get("grace_s") or 0)),
         "PYTHONUNBUFFERED": "1",
     })
     if spec.get("fake"):
@@ -434,10 +443,21 @@ class Shim:
 
     def write_result(self, spec: dict[str, Any], outcome: str, exit_code: int | None,
                      sig: int | None, reason: str, started_at: float | None = None) -> None:
-        write_json_atomic(self.result_path, {
-            "job_id": spec.get("job_id"), "outcome": outcome, "exit_code": exit_code, "signal": sig,
-            "reason": reason, "started_at": started_at, "ended_at": time.time(), "pid": self.child_pid,
-        })
+        """Write the result. On a full or read-only disk keep it, and stay (so the engine does
+        not take the run for lost), until it can be written: the true outcome is recorded once
+        space returns."""
+        result = {"job_id": spec.get("job_id"), "outcome": outcome, "exit_code": exit_code, "signal": sig,
+                  "reason": reason, "started_at": started_at, "ended_at": time.time(), "pid": self.child_pid}
+        pause = 0.2
+        while True:
+            try:
+                write_json_atomic(self.result_path, result)
+                return
+            except OSError as err:
+                if err.errno not in (errno_.ENOSPC, errno_.EDQUOT, errno_.EROFS):
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     def run(self) -> int:
         self.install_handlers()
@@ -608,7 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # never leave a run without a result or a process behind
         import traceback
 
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass  # shim.log is on a full disk: the result below still says what happened
         try:
             shim.signal_tree(signal.SIGKILL)
         except Exception:

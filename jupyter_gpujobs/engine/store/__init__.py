@@ -9,6 +9,8 @@ logic lives here.
 
 from __future__ import annotations
 
+import errno
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,9 +24,9 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from ...model import Dependency, Job, JobState
-from .tables import AllocationRow, Base, EventRow, JobRow, UsageRow
+from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, UsageRow
 
-__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew"]
+__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "store_trouble"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -35,6 +37,64 @@ class SchemaTooNew(RuntimeError):
 
 class GPUAlreadyAllocated(RuntimeError):
     """Refused: the GPU is held by another job (the unique index said no)."""
+
+
+class StoreUnavailable(RuntimeError):
+    """Nothing can be written: the disk under the store (or a job's run directory) is full, or
+    it is read-only. `where` names it; the message says what to do. Reads still work."""
+
+    def __init__(self, where: str, read_only: bool):
+        self.where = where
+        self.read_only = read_only
+        super().__init__(f"read-only file system or database at {where}: nothing can be stored until it is "
+                         "writable again" if read_only else
+                         f"disk full on {where}: nothing can be stored until space is freed there")
+
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_READ_ONLY_ERRNOS = {errno.EROFS}
+# SQLite's and PostgreSQL's words for the same conditions (sqlite3 gives no error code before 3.11)
+_FULL_WORDS = ("database or disk is full", "no space left on device", "could not extend file", "diskfull")
+_READ_ONLY_WORDS = ("readonly database", "read-only file system", "read-only transaction")
+
+
+def store_trouble(err: BaseException, where: str) -> StoreUnavailable | None:
+    """`err` as a StoreUnavailable if it says the disk is full or read-only (a database error
+    or an OSError such as ENOSPC from writing a run directory); None for anything else.
+    `where`: what to name when the error itself names no file (the database's location)."""
+    if isinstance(err, StoreUnavailable):
+        return err
+    cause: BaseException | None = err
+    seen = 0
+    while cause is not None and seen < 5:  # the DBAPI error behind SQLAlchemy's, its own cause
+        if isinstance(cause, OSError) and cause.errno in _FULL_ERRNOS | _READ_ONLY_ERRNOS:
+            return StoreUnavailable(str(cause.filename or where), cause.errno in _READ_ONLY_ERRNOS)
+        text = f"{type(cause).__name__} {cause}".lower()
+        if any(w in text for w in _READ_ONLY_WORDS):
+            return StoreUnavailable(where, True)
+        if any(w in text for w in _FULL_WORDS):
+            return StoreUnavailable(where, False)
+        cause = getattr(cause, "orig", None) or cause.__cause__
+        seen += 1
+    return None
+
+
+def _writes(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A write of the store: a full or read-only disk raises StoreUnavailable naming it."""
+
+    @functools.wraps(method)
+    def write(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (GPUAlreadyAllocated, StoreUnavailable):
+            raise
+        except Exception as err:
+            trouble = store_trouble(err, self.location)
+            if trouble is None:
+                raise
+            raise trouble from err
+
+    return write
 
 
 @dataclass(frozen=True)
@@ -209,6 +269,14 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
+    @property
+    def location(self) -> str:
+        """Where the data is: the directory of a SQLite file, else the URL without password."""
+        database = self.engine.url.database
+        if self.engine.url.get_backend_name() == "sqlite" and database and database != ":memory:":
+            return str(Path(database.removeprefix("file:")).resolve().parent)
+        return self.engine.url.render_as_string(hide_password=True)
+
     # ----------------------------------------------------------------- schema
 
     def migrate(self, revision: str = "head") -> None:
@@ -261,6 +329,7 @@ class Store:
         """Insert new PENDING jobs with their "submitted" events, in one transaction."""
         return self.add_submissions([NewJobs(specs, actor, now)])[0]
 
+    @_writes
     def add_submissions(self, submissions: Sequence[NewJobs]) -> list[list[Job]]:
         """Insert several submissions' jobs and "submitted" events in one transaction (one
         commit for the lot: the engine's group commit); returns each submission's jobs, ids
@@ -300,6 +369,7 @@ class Store:
             _insert_rows(conn, EventRow.__table__, events)
         return [[_job_from_values(v) for v in rows] for rows in groups]
 
+    @_writes
     def update_job(self, job_id: int, **fields: Any) -> None:
         """Change stored fields without a state change (no event)."""
         with self._session.begin() as s:
@@ -377,6 +447,7 @@ class Store:
 
     # ----------------------------------------------------------------- state changes
 
+    @_writes
     def transition(
         self,
         job_id: int,
@@ -412,6 +483,7 @@ class Store:
             s.flush()
             return _to_job(row)
 
+    @_writes
     def start(
         self,
         job_id: int,
@@ -421,8 +493,12 @@ class Store:
         borrowed: bool = False,
         actor: str = "scheduler",
         reason: str = "started",
+        runner_handle: dict[str, Any] | None = None,
+        log_path: str | None = None,
     ) -> Job | None:
-        """PENDING -> RUNNING with its GPU allocation, atomically.
+        """PENDING -> RUNNING with its GPU allocation, atomically; with the run's handle and
+        log as far as they are known before it starts (where the run will live), so a
+        restart finds a run whose start it did not see confirmed.
 
         Raises GPUAlreadyAllocated when any of the GPUs is held by a running job.
         Returns None when the job is no longer pending (cancelled meanwhile).
@@ -443,6 +519,10 @@ class Store:
                 row.assigned_gpus = [i for i, _ in gpus]
                 row.borrowed = borrowed
                 row.reason = reason
+                if runner_handle is not None:
+                    row.runner_handle = dict(runner_handle)
+                if log_path is not None:
+                    row.log_path = log_path
                 s.add(EventRow(job_id=job_id, time=now, state="RUNNING", actor=actor, reason=reason,
                                data={"host": host, "gpus": [i for i, _ in gpus], "borrowed": borrowed}))
                 s.flush()
@@ -461,6 +541,7 @@ class Store:
 
     # ----------------------------------------------------------------- events
 
+    @_writes
     def add_event(self, job_id: int, state: str, actor: str, reason: str, now: float,
                   data: dict[str, Any] | None = None) -> None:
         """An event without a state change (a warning, a finding)."""
@@ -485,6 +566,7 @@ class Store:
         with self._session() as s:
             return {r.key: (r.gpu_seconds, r.updated_at) for r in s.scalars(select(UsageRow)).all()}
 
+    @_writes
     def save_usage(self, usage: dict[str, float], now: float) -> None:
         with self._session.begin() as s:
             for key, value in usage.items():
@@ -494,6 +576,49 @@ class Store:
                 else:
                     row.gpu_seconds = value
                     row.updated_at = now
+
+
+    # ----------------------------------------------------------------- quotas set through the API
+
+    def load_quotas(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Stored quotas: {"users"|"groups": {name: {"quota", "set_by", "set_at"}}}."""
+        out: dict[str, dict[str, dict[str, Any]]] = {"users": {}, "groups": {}}
+        with self._session() as s:
+            for r in s.scalars(select(QuotaRow)).all():
+                out.setdefault(r.scope, {})[r.name] = {"quota": dict(r.quota or {}), "set_by": r.set_by,
+                                                       "set_at": r.set_at}
+        return out
+
+    @_writes
+    def set_quota(self, scope: str, name: str, quota: dict[str, Any] | None, actor: str, now: float) -> None:
+        """Store (or with None, remove) a quota, with its audit row (who, when, before, after),
+        in one transaction."""
+        with self._session.begin() as s:
+            row = s.get(QuotaRow, (scope, name))
+            before = dict(row.quota or {}) if row is not None else None
+            if quota is None:
+                if row is not None:
+                    s.delete(row)
+            elif row is None:
+                s.add(QuotaRow(scope=scope, name=name, quota=dict(quota), set_by=actor, set_at=now))
+            else:
+                row.quota, row.set_by, row.set_at = dict(quota), actor, now
+            s.add(QuotaChangeRow(time=now, actor=actor, scope=scope, name=name, before=before,
+                                 after=None if quota is None else dict(quota)))
+
+    def quota_changes(self, names: Iterable[tuple[str, str]] | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest quota changes first, of the given (scope, name) pairs or of all."""
+        q = select(QuotaChangeRow).order_by(QuotaChangeRow.id.desc()).limit(limit)
+        if names is not None:
+            from sqlalchemy import and_, or_
+
+            pairs = list(names)
+            if not pairs:
+                return []
+            q = q.where(or_(*(and_(QuotaChangeRow.scope == sc, QuotaChangeRow.name == n) for sc, n in pairs)))
+        with self._session() as s:
+            return [{"time": r.time, "actor": r.actor, "scope": r.scope, "name": r.name, "before": r.before,
+                     "after": r.after} for r in s.scalars(q).all()]
 
 
 def now() -> float:

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import aliased
 
-from . import Store
+from . import Store, _writes
 from .tables import AllocationRow, FindingRow, GPUInfoRow, GPUSampleRow, JobRow, JobStatsRow
 
 RAW, MINUTE, HOUR = 0, 60, 3600
@@ -115,6 +115,7 @@ def _round(value: float | None, digits: int = 1) -> float | None:
 # ----------------------------------------------------------------------------- GPUs seen
 
 
+@_writes
 def record_gpus(store: Store, gpus: Iterable[Any], now: float) -> None:
     """Upsert the GPUs of an inventory (`model.GPU`s) into gpu_info."""
     gpus = list(gpus)
@@ -162,6 +163,7 @@ _STATS_COLUMNS = ("samples", "utilization_mean", "utilization_max", "memory_mean
                   "memory_total_mb", "memory_max_fraction", "first_at", "last_at", "final")
 
 
+@_writes
 def add_samples(store: Store, values: Iterable[SampleValues], resolution: int = RAW,
                 stats: Iterable[JobStats] = ()) -> None:
     """Insert readings (or, with `resolution`, ready-made buckets) and save job stats, in one
@@ -242,6 +244,7 @@ def _covered_until(coarser: Sequence[int]) -> Any:
             .scalar_subquery())
 
 
+@_writes
 def rollup(store: Store, now: float, raw_keep_s: float, minute_keep_s: float, hour_keep_s: float) -> dict[str, int]:
     """Roll complete minutes of raw readings into minute rows and complete hours of minute rows
     into hour rows, then delete rows past their retention. Returns what it did.
@@ -343,6 +346,7 @@ def _save_stats(s: Any, stats: Iterable[JobStats]) -> None:
             .values({c: bindparam(c) for c in _STATS_COLUMNS}), old)
 
 
+@_writes
 def save_job_stats(store: Store, stats: Iterable[JobStats]) -> None:
     with store._session.begin() as s:
         _save_stats(s, stats)
@@ -382,6 +386,7 @@ def _finding_dict(r: FindingRow) -> dict[str, Any]:
             "action": r.action, "message": r.message, "data": r.data or {}}
 
 
+@_writes
 def add_finding(store: Store, now: float, *, kind: str, key: str, message: str, severity: str = "warning",
                 job_id: int | None = None, user: str | None = None, host: str | None = None,
                 gpu_index: int | None = None, pid: int | None = None, action: str = "",
@@ -411,6 +416,7 @@ def get_finding(store: Store, finding_id: int) -> dict[str, Any] | None:
         return _finding_dict(row) if row else None
 
 
+@_writes
 def resolve_finding(store: Store, now: float, *, key: str | None = None, finding_id: int | None = None,
                     action: str | None = None) -> dict[str, Any] | None:
     """Close the open finding with this key (or id); returns it, or None when none was open."""
@@ -427,6 +433,7 @@ def resolve_finding(store: Store, now: float, *, key: str | None = None, finding
         return _finding_dict(row)
 
 
+@_writes
 def resolve_findings_except(store: Store, now: float, kind: str, keep_keys: Iterable[str]) -> list[dict[str, Any]]:
     """Close the open findings of `kind` whose key is not in `keep_keys` (the condition went away)."""
     keep = set(keep_keys)
@@ -458,6 +465,7 @@ def list_findings(store: Store, *, kind: str | None = None, job_id: int | None =
         return [_finding_dict(r) for r in s.scalars(q).all()]
 
 
+@_writes
 def set_finding_action(store: Store, finding_id: int, action: str) -> None:
     with store._session.begin() as s:
         s.execute(update(FindingRow).where(FindingRow.id == finding_id).values(action=action))

@@ -107,6 +107,35 @@ class UsageRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=0.0)
 
 
+class QuotaRow(Base):
+    """A quota set by an admin through the API or CLI (revision 0004); it overrides the
+    configured one of the same user or group, across restarts."""
+
+    __tablename__ = "quotas"
+
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # "users" / "groups"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    quota: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    set_by: Mapped[str] = mapped_column(String(128))
+    set_at: Mapped[float] = mapped_column(Float)
+
+
+class QuotaChangeRow(Base):
+    """The audit of quota changes: who set or cleared which quota, when, from what to what."""
+
+    __tablename__ = "quota_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(128))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    __table_args__ = (Index("ix_quota_changes_target", "scope", "name"),)
+
+
 # --------------------------------------------------------------------------- monitoring
 # (revision 0002; read and written by store/monitoring.py for jupyter_gpujobs/monitor/)
 
