@@ -96,6 +96,10 @@ def format_gpus(gpus: list[dict[str, Any]]) -> str:
             holder = f"job {g['job_id']} ({g['user']})"
         elif g.get("slurm_job_id"):
             holder = f"Slurm job {g['slurm_job_id']} ({g.get('user') or '?'})"
+        elif g.get("foreign") and g.get("foreign_override"):
+            holder = f"{g['foreign']}; handed out all the same (override by {g['foreign_override']})"
+        elif g.get("foreign"):
+            holder = f"busy: {g['foreign']}"
         else:
             holder = "free"
         row = [str(g["index"]), g["name"], f"{g['utilization']:.0f}%", mem, holder]
@@ -186,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     g = sub.add_parser("gpus", help="the GPUs and who holds them")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--override", type=int, metavar="GPU",
+                   help="admins: hand out this GPU although a process outside the queue uses it (until it is unused)")
+    g.add_argument("--end-override", type=int, metavar="GPU", help="admins: take such an override back")
+    g.add_argument("--reason", default="", help="why (with --override)")
     qt = sub.add_parser("quota", help="show your quota, or (admins) set one")
     qt.add_argument("--user", help="whose quota to show (admins)")
     qt.add_argument("--set", nargs=2, metavar=("SCOPE:NAME", "JSON"),
@@ -368,6 +376,9 @@ def run(argv: Sequence[str]) -> int:
                     break
                 offset = chunk["offset"]
     elif args.cmd == "gpus":
+        for gpu, override in ((args.override, True), (args.end_override, False)):
+            if gpu is not None:
+                client.api("POST", "gpus/foreign", body={"gpu": gpu, "override": override, "reason": args.reason})
         report = client.gpu_report()
         gpus = report["gpus"]
         if args.json:

@@ -195,6 +195,11 @@ class GPUJobs(Configurable):
     preempt_min_runtime = Union([Integer(), Unicode()], default_value="1m", config=True,
                                 help="How long a job runs (each time it starts) before it may be preempted; "
                                      "0: at once. Keeps a requeued job from being preempted again and again.")
+    foreign_memory_threshold = Integer(
+        300, allow_none=True, config=True,
+        help="A GPU that no job holds with more memory in use than this (MiB) is used by a process outside the "
+             "queue: no job is started there until it is released or an admin overrides it "
+             "(POST gpus/foreign, `jupyter gpujobs gpus --override N`). None: never.")
     time_limit_warning = Union([Integer(), Unicode()], default_value="5m", config=True,
                                help="How long before its time limit a job gets a warning event.")
     user_max_running_jobs = Integer(None, allow_none=True, config=True, help="Running jobs per user (None: no limit).")
@@ -318,6 +323,12 @@ class GPUJobs(Configurable):
             parse_duration(proposal["value"], f"c.GPUJobs.{name}")
         except InvalidInput as err:
             raise TraitError(str(err)) from None
+        return proposal["value"]
+
+    @validate("foreign_memory_threshold")
+    def _check_foreign_threshold(self, proposal: Any) -> Any:
+        if proposal["value"] is not None and proposal["value"] < 0:
+            raise TraitError(f"c.GPUJobs.foreign_memory_threshold: must be 0 or more MiB, got {proposal['value']!r}")
         return proposal["value"]
 
     @validate("preempt_min_runtime")

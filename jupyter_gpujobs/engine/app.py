@@ -88,6 +88,8 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         estimate_interval=cfg.estimate_interval,
         job_retention_s=retention_seconds(cfg.job_retention),
         cleanup_interval=cfg.job_cleanup_interval,
+        # GPUs in use outside the queue (not where a cluster scheduler hands out its GPUs)
+        foreign_memory_threshold_mb=None if claim is None else cfg.foreign_memory_threshold,
     )
     from .monitor import Monitor, MonitorSettings
 

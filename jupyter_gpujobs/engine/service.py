@@ -105,6 +105,7 @@ class JobService:
         cleanup_interval: float = 300.0,
         run_as_owner: str = "auto",
         job_python: str = "",
+        foreign_memory_threshold_mb: int | None = 300,
         clock: Callable[[], float] = time.time,
         admin_group: str | None = None,
         private_data: bool = False,
@@ -151,6 +152,11 @@ class JobService:
         self._estimated_newest = 0  # the newest pending job id then
         self._inventory: list[GPU] = []
         self._inventory_at = 0.0
+        # GPUs that no job holds but whose memory is in use beyond this (MiB) are busy for the
+        # scheduler (`GPU.foreign`); None: never. An admin may override one (`ignore_foreign`)
+        self.foreign_memory_threshold_mb = foreign_memory_threshold_mb
+        self._foreign: dict[tuple[str, int], str] = {}  # (host, index) -> what uses it
+        self.foreign_ignored: dict[tuple[str, int], str] = {}  # (host, index) -> who overrode it
         self._terminating: set[int] = set()
         # preemptor -> (its victims, when their grace ends, seen by a cycle with none running):
         # the scheduler keeps the GPUs being freed for it (`model.Claim`)
@@ -441,11 +447,47 @@ class JobService:
         now = self.clock()
         if force or now - self._inventory_at > 2.0:
             try:
-                self._inventory = self.gpus.inventory()
+                self._inventory = self._mark_foreign(self.gpus.inventory())
             except Exception:
                 log.exception("gpujobs: reading the GPU inventory failed")
             self._inventory_at = now
         return self._inventory
+
+    def _mark_foreign(self, gpus: list[GPU]) -> list[GPU]:
+        """Mark the GPUs no job holds whose memory is in use beyond the threshold: a process
+        outside the queue uses them (`GPU.foreign`, with what and whose), unless an admin
+        overrode it; an override ends when the GPU is seen unused."""
+        threshold = self.foreign_memory_threshold_mb
+        if threshold is None:
+            return gpus
+        held = {(j.host, i) for j in self._running.values() if j.host for i in j.assigned_gpus}
+        used = [g for g in gpus if (g.host, g.index) not in held and g.memory_used_mb > threshold]
+        for key in [k for k in self.foreign_ignored if k not in held and k not in {(g.host, g.index) for g in used}]:
+            del self.foreign_ignored[key]
+            log.info("gpujobs: GPU %s on %s is no longer used outside the queue; the override ends", key[1], key[0])
+        if not used:
+            self._foreign = {}
+            return gpus
+        try:
+            processes = self.gpus.processes()
+        except Exception:
+            processes = {}
+        self._foreign = {(g.host, g.index): _foreign_text(g, processes.get(g.index, [])) for g in used}
+        return [replace(g, foreign=self._foreign[(g.host, g.index)])
+                if (g.host, g.index) in self._foreign and (g.host, g.index) not in self.foreign_ignored else g
+                for g in gpus]
+
+    def ignore_foreign(self, host: str, index: int, ignore: bool, actor: str, reason: str = "") -> None:
+        """An admin lets the queue hand out a GPU in use outside the queue (`ignore`), until it
+        is seen unused, or takes that back."""
+        if ignore:
+            self.foreign_ignored[(host, index)] = f"{actor}{': ' + reason if reason else ''}"
+        else:
+            self.foreign_ignored.pop((host, index), None)
+        log.warning("gpujobs: %s %s the use of GPU %s on %s outside the queue%s", actor,
+                    "overrode" if ignore else "no longer overrides", index, host, f" ({reason})" if reason else "")
+        self.refresh_inventory(force=True)
+        self.wake()
 
     @property
     def inventory(self) -> list[GPU]:
@@ -478,6 +520,9 @@ class JobService:
                 "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
                 "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
                 "job_id": holder.id if holder else None, "user": holder.user if holder else None,
+                # in use outside the queue: busy, unless an admin overrode it ("foreign_override": who)
+                "foreign": None if holder else self._foreign.get((g.host, g.index)),
+                "foreign_override": None if holder else self.foreign_ignored.get((g.host, g.index)),
             })
         return out
 
@@ -1225,6 +1270,23 @@ class JobService:
         discard = getattr(self.runner, "discard", None)
         if handle and discard is not None:
             discard(handle)
+
+
+def _foreign_text(gpu: GPU, processes: list[Any]) -> str:
+    """"in use by a process outside the queue (7.6 GB, pid 1234, user bob)"."""
+    size = f"{gpu.memory_used_mb / 1024:.1f} GB"
+    if not processes:
+        return f"in use outside the queue ({size}, by a process the engine cannot see)"
+    top = max(processes, key=lambda p: p.used_memory_mb or 0)
+    try:
+        import psutil
+
+        user = f", user {psutil.Process(top.pid).username()}"
+    except Exception:  # gone, or not ours to see
+        user = ""
+    more = f" and {len(processes) - 1} more" if len(processes) > 1 else ""
+    return (f"in use by {'a process' if len(processes) == 1 else f'{len(processes)} processes'} outside the queue "
+            f"({size}, pid {top.pid}{user}{more})")
 
 
 def _culprit(jobs: list[Job], plan: Callable[[list[Job]], Plan]) -> Job | None:

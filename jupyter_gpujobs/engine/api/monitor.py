@@ -4,6 +4,9 @@ the server app next to server/handlers.py HANDLERS):
 - `GET findings?kind=&job=&open=1&since=&limit=`: findings (admins: all; others: theirs)
 - `POST findings/resolve {"id": N}`: admins close a finding (a drained GPU is undrained)
 - `POST gpus/drain {"gpu": 3, "host": "localhost", "draining": true, "reason": "..."}`: admins
+- `POST gpus/foreign {"gpu": 2, "host": "localhost", "override": true, "reason": "..."}`: admins
+  let the queue hand out a GPU that a process outside the queue uses (until it is seen
+  unused), or take that back with `"override": false`
 - `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings
 - `GET jobs/{id}/stats`: a job's GPU utilization and memory (mean, peak), its runtime
   prediction and its findings
@@ -115,6 +118,42 @@ class DrainHandler(MonitorHandler):
         self.reply({"gpus": self.service.gpu_views()})
 
 
+class ForeignOverrideHandler(GPUJobsHandler):
+    """Not the monitor's: the engine itself sees GPUs in use outside the queue."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        if not self.service.is_admin(self.owner):
+            raise ApiError(403, None, "only admins may do this")
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        unknown = set(body) - {"gpu", "host", "override", "reason"}
+        if unknown:
+            raise ApiError(400, sorted(unknown)[0], "unknown field; expected gpu, host, override, reason")
+        gpu = body.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool):
+            raise ApiError(400, "gpu", "expected the GPU index")
+        views = self.service.gpu_views()
+        host = body.get("host") or (views[0]["host"] if views else "localhost")
+        if not isinstance(host, str):
+            raise ApiError(400, "host", "expected a host name")
+        override = body.get("override", True)
+        if not isinstance(override, bool):
+            raise ApiError(400, "override", "expected true or false")
+        reason = body.get("reason") or ""
+        if not isinstance(reason, str) or len(reason) > 500:
+            raise ApiError(400, "reason", "expected a string of at most 500 characters")
+        view = next((g for g in views if g["host"] == host and g["index"] == gpu), None)
+        if view is None:
+            raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
+        if override and not view["foreign"] and not view["foreign_override"]:
+            raise ApiError(409, "gpu", f"GPU {gpu} on {host} is not in use outside the queue; nothing to override")
+        self.service.ignore_foreign(host, gpu, override, self.owner, reason)
+        self.reply({"gpus": self.service.gpu_views()})
+
+
 class GPUSamplesHandler(MonitorHandler):
     @web.authenticated
     @authorized
@@ -168,6 +207,7 @@ MONITOR_HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/findings/?", FindingsHandler),
     (rf"/{API}/findings/resolve/?", FindingResolveHandler),
     (rf"/{API}/gpus/drain/?", DrainHandler),
+    (rf"/{API}/gpus/foreign/?", ForeignOverrideHandler),
     (rf"/{API}/gpus/samples/?", GPUSamplesHandler),
     (rf"/{API}/jobs/{_ID}/stats/?", JobStatsHandler),
     (rf"/{API}/usage/?", UsageHandler),

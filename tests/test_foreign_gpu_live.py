@@ -1,0 +1,79 @@
+"""A GPU used by a process outside the queue is not handed out: `GET gpus` and the CLI show it
+busy with what uses it, a waiting job says why, and the GPU is used again once it is released
+or an admin overrides."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+PY = sys.executable
+ROGUE_GPU = 3  # a GPU other test runs leave alone
+
+
+def _wait(pred: Any, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def _rogue() -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": str(ROGUE_GPU), "GPUJOBS_FAKE_MEM_MB": "7800"}
+    for key in ("GPUJOBS_JOB_ID", "GPUJOBS_FAKE_FLEET"):
+        env.pop(key, None)
+    return subprocess.Popen([PY, "-c", "import time; time.sleep(120)"], env=env)
+
+
+def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(live_server: Any) -> None:
+    server = live_server(fake_gpus="4xA100")
+    client = server.client()
+    rogue = _rogue()
+    try:
+        text = f"in use by a process outside the queue (7.6 GB, pid {rogue.pid}, user root)"
+
+        def gpu3() -> dict[str, Any]:
+            return next(g for g in client.gpus() if g["index"] == ROGUE_GPU)
+
+        assert _wait(lambda: gpu3()["foreign"] == text), gpu3()
+        out = server.cli("gpus")
+        assert out.returncode == 0 and f"busy: {text}" in out.stdout, out.stdout
+
+        sleeper = [PY, "-c", "import time; time.sleep(60)"]
+        first = [client.submit(sleeper, gpus=1)["id"] for _ in range(3)]
+        for job_id in first:
+            _wait(lambda job_id=job_id: client.job(job_id)["state"] == "RUNNING")
+        assert all(ROGUE_GPU not in client.job(i)["assigned_gpus"] for i in first)
+        waiting = client.submit(sleeper, gpus=1)["id"]
+        job = _wait(lambda: (j := client.job(waiting))["reason"] != "waiting for the next scheduling cycle" and j)
+        assert job["state"] == "PENDING" and job["reason"] == f"waiting for 1 free GPU; GPU {ROGUE_GPU} is {text}"
+
+        # an admin overrides: the job starts there
+        out = server.cli("gpus", "--override", str(ROGUE_GPU), "--reason", "the owner said it is idle")
+        assert out.returncode == 0, out.stderr
+        job = _wait(lambda: (j := client.job(waiting))["state"] == "RUNNING" and j)
+        assert job["assigned_gpus"] == [ROGUE_GPU]
+        client.cancel(waiting)
+        _wait(lambda: client.job(waiting)["state"] == "CANCELLED")
+
+        # ... and takes it back: the next job waits again
+        out = server.cli("gpus", "--end-override", str(ROGUE_GPU))
+        assert out.returncode == 0, out.stderr
+        later = client.submit(sleeper, gpus=1)["id"]
+        job = _wait(lambda: (j := client.job(later))["reason"] != "waiting for the next scheduling cycle" and j)
+        assert job["state"] == "PENDING" and f"GPU {ROGUE_GPU} is {text}" in job["reason"]
+        time.sleep(1.5)
+        assert client.job(later)["state"] == "PENDING"
+    finally:
+        rogue.kill()
+        rogue.wait()
+    # released: the job starts on it
+    job = _wait(lambda: (j := client.job(later))["state"] == "RUNNING" and j, timeout=15)
+    assert job["assigned_gpus"] == [ROGUE_GPU]
+    assert gpu3()["foreign"] is None and gpu3()["foreign_override"] is None
