@@ -18,9 +18,13 @@ def test_a_requeued_victim_does_not_take_back_the_gpu_freed_for_its_preemptor() 
     # than 42 and so ahead of it in the queue, and GPU 0 is free again
     victim = job(10, user="bob", age=5000)
     preemptor = job(42, user="alice")
-    plan = schedule(NOW, [victim, preemptor], [], gpus(1, 1), GUARANTEE, claims=[Claim(42, (), NOW - 1)])
-    assert started(plan) == [42]
-    assert 10 not in started(plan) and plan.reasons[10] == "waiting for 1 free GPU"
+    for depth in (100, 0):  # the detailed walk and the deep one, by job and by class
+        for estimate in (True, False):
+            pol = replace(GUARANTEE, reservation_depth=depth)
+            plan = schedule(NOW, [victim, preemptor], [], gpus(1, 1), pol, claims=[Claim(42, (), NOW - 1)],
+                            estimate=estimate)
+            assert started(plan) == [42], (depth, estimate)
+            assert plan.reasons[10] == "waiting for 1 free GPU" and 42 not in plan.reasons, (depth, estimate)
     # without the claim the older job would go first: the ping-pong of issue 15
     assert started(schedule(NOW, [victim, preemptor], [], gpus(1, 1), GUARANTEE)) == [10]
 

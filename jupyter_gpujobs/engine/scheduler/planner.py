@@ -357,6 +357,9 @@ class _Cycle:
             reasons[j.id] = f"waiting for job {dep.job_id} ({dep.kind})"
             if self.estimate:  # else its target may just not be estimated in this cycle
                 self.expected[j.id] = None
+        if first:  # a claimant that started waits for nothing (the walk by class gave it its class's)
+            for jid in first & {s.job_id for s in plan.starts}:
+                reasons.pop(jid, None)
         return plan
 
     def _place_now(self, j: Job) -> None:
