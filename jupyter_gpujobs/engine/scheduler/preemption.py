@@ -5,7 +5,9 @@ GPUs from running jobs that are borrowed (beyond their own guarantee) or that ar
 and of a lower class; an urgent job takes them only from lower classes (two urgent jobs never
 preempt each other, which would only trade one for the other). A job that is neither preemptible nor borrowed is never a victim. The
 victims are chosen on one pool (one host, one model) so as to lose the least work: least
-elapsed run time x GPUs first, and the pool that loses the least in total.
+elapsed run time x GPUs first, and the pool that loses the least in total. The planner offers
+as candidates only jobs that ran at least `policy.preempt_min_runtime_s` and that are not
+already stopping for an earlier preemptor (its `model.Claim`).
 """
 
 from __future__ import annotations
