@@ -11,7 +11,8 @@ Modelling choices (the trace has no time limits and no hosts):
   a round number above what they expect to need; jobs end at their duration, never at the limit;
 - a job wider than one host is folded onto one host (GPUs = GPUs per host) with its duration
   stretched to keep its GPU-seconds;
-- a preempted job goes back to the queue and later runs its whole duration again;
+- a preempted job goes back to the queue at once (no grace) and later runs its whole
+  duration again; its preemptor has a `Claim` in the next cycle, as on a server;
 - fair-share usage is updated with `decay_and_add` before every cycle, as the service does;
 - with `policy.use_predictions`, each job's `predicted_runtime_s` comes from the engine's
   `RuntimePredictor` (key: user + GPUs), fed with the runs that ended before its submit;
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .engine.scheduler import Usage, decay_and_add, schedule
-from .model import GPU, Job, JobState, Policy
+from .model import GPU, Claim, Job, JobState, Policy
 
 LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 
@@ -172,6 +173,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     predicted: dict[int, float | None] = {}
     usage = Usage()
     last_t = res.first_submit
+    claims: list[Claim] = []  # preemptors of the last cycle (their victims are back in the queue)
     i = 0
     finished: dict[int, JobState] = {}
     # skipping idle cycles: a cycle with no new job in which every pending job asks for more
@@ -221,7 +223,8 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         if skip_idle and not fresh and not may_preempt and min(sizes) > max(free_on.values()):
             res.skipped += 1
             continue
-        plan = schedule(now, pending, list(running.values()), gpus, policy, usage, finished)
+        plan = schedule(now, pending, list(running.values()), gpus, policy, usage, finished, claims=claims)
+        claims = [Claim(by, (), now) for by in dict.fromkeys(p.by_job_id for p in plan.preemptions)]
         res.cycles += 1
         started_now = {s.job_id for s in plan.starts}
         for jid in fresh:

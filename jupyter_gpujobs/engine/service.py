@@ -1125,7 +1125,10 @@ class JobService:
         log.error("gpujobs: job %s of %s is set aside: the scheduler could not handle it (%s)", job.id, job.user,
                   what, exc_info=err)
         self._pending[job.id] = job = job.replace(reason=reason)
-        self.store.update_job(job.id, reason=reason)
+        try:  # shown after a restart too, until a cycle tries it again
+            self.store.update_job(job.id, reason=reason)
+        except Exception:
+            log.exception("gpujobs: recording why job %s is set aside failed", job.id)
         self._publish(job, {"job_id": job.id, "time": self.clock(), "state": "PENDING", "actor": "scheduler",
                             "reason": reason})
 
