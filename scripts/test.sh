@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
 # Install what the tests need (Python packages into .venv, the labextension build, Debian's
 # chromium, PostgreSQL, Slurm and munge) and run all the tests. Extra arguments go to pytest.
+#
+# Test files run in parallel, one file per worker at a time (pytest-xdist --dist loadfile:
+# a module's shared server, kernel or database stays in one worker; each worker has its own
+# temporary and Jupyter dirs and servers on free ports). GPUJOBS_TEST_WORKERS sets how many
+# (default: one per CPU, at most 4; 0 runs them in this process). The slowest tests are listed
+# at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+step() { printf '\n==> %s\n' "$*"; }
+step "Python packages into .venv (the first time also builds the lab extension, a few minutes)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
-scripts/install-browser.sh   # Debian's chromium for the browser tests
-scripts/install-postgres.sh  # Debian's PostgreSQL server for the store's PostgreSQL tests
-scripts/install-multiuser.sh # test Unix users and a venv they can run (jobs as their owners)
-scripts/install-slurm.sh     # Debian's Slurm and munge for the Slurm runner's tests
+step "Debian's chromium for the browser tests"
+scripts/install-browser.sh
+step "Debian's PostgreSQL server for the store's PostgreSQL tests"
+scripts/install-postgres.sh
+step "test Unix users and a venv they can run (jobs as their owners)"
+scripts/install-multiuser.sh
+step "Debian's Slurm and munge for the Slurm runner's tests"
+scripts/install-slurm.sh
+step "ruff"
 .venv/bin/ruff check .
+workers=${GPUJOBS_TEST_WORKERS:-auto}
+step "pytest ($workers workers)"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "$workers" --maxprocesses=4 --dist loadfile --durations=25 "$@"
 code=$?
 set -e
 # pytest exits 5 when it collected no test: that is a failure of the suite, not a pass

@@ -9,6 +9,7 @@ job process left behind. The `live_server` fixture in conftest.py wraps it.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -76,6 +77,22 @@ def _signal(p: psutil.Process, sig: int) -> None:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now. Under pytest-xdist each worker draws from its own slice
+    of 20000-31999, below Linux's ephemeral ports (where kernels and clients bind), so parallel
+    workers do not race for a port; LiveServer.start still takes another if one was taken."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+        size = 12000 // count
+        low = 20000 + int(worker[2:]) % count * size
+        for _ in range(100):
+            port = random.randrange(low, low + size)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -103,7 +120,9 @@ class LiveServer:
 
         return GPUJobsClient(url=self.url, token=self.token)
 
-    def start(self, timeout: float = 60.0) -> LiveServer:
+    def start(self, timeout: float = 60.0, port_tries: int = 3) -> LiveServer:
+        """Start the server; a port taken meanwhile (free_port() found it free, but another
+        test, kernel or job bound it before the server did) is replaced by another free one."""
         self.log_path = self.state_dir.parent / f"server-{len(self._logs)}.log"
         self._logs.append(self.log_path)
         out = open(self.log_path, "wb")
@@ -114,7 +133,12 @@ class LiveServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited early:\n{self.log_path.read_text()[-4000:]}")
+                log = self.log_path.read_text()
+                if port_tries > 1 and f"port {self.port} is not available" in log:
+                    self.port = free_port()
+                    self.args = [f"--port={self.port}" if a.startswith("--port=") else a for a in self.args]
+                    return self.start(timeout, port_tries - 1)
+                raise RuntimeError(f"jupyter server exited early:\n{log[-4000:]}")
             try:
                 r = httpx.get(self.url + "gpujobs/api/whoami", headers={"Authorization": f"token {self.token}"},
                               timeout=1.0)

@@ -22,8 +22,10 @@ def test_cli_round_trip(live_server: Any) -> None:
     assert gpus.stdout.splitlines()[0].split() == ["GPU", "MODEL", "UTIL", "MEMORY", "HELD", "BY"]
     assert gpus.stdout.count("A100") == 2 and gpus.stdout.count("free") == 2
 
+    go = server.root / "go"  # big holds both GPUs until the test has seen small wait (no race with a busy machine)
     out = server.cli("submit", "-g", "2", "-t", "30s", "--name", "big", "--json", "--",
-                     PY, "-c", "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(6)")
+                     PY, "-c", "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+                     f"while not os.path.exists({str(go)!r}): time.sleep(0.05)")
     assert out.returncode == 0, out.stderr
     big = json.loads(out.stdout)
     assert big["name"] == "big" and big["gpus"] == 2 and big["time_limit_s"] == 30
@@ -35,6 +37,7 @@ def test_cli_round_trip(live_server: Any) -> None:
     time.sleep(0.5)
     queue = server.cli("queue")
     assert "small" in queue.stdout and "waiting for" in queue.stdout, queue.stdout
+    go.touch()
 
     follow = server.cli("log", "-f", str(big["id"]))
     assert follow.returncode == 0
