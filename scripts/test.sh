@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the tests need (Python packages into .venv, the labextension build, Debian's
-# chromium, PostgreSQL, Slurm and munge) and run all the tests. Extra arguments go to pytest.
+# chromium, PostgreSQL, Slurm and munge, JupyterHub) and run all the tests. Extra arguments go to pytest.
 #
 # Test files run in parallel, one file per worker at a time (pytest-xdist --dist loadfile:
 # a module's shared server, kernel or database stays in one worker; each worker has its own
@@ -21,6 +21,8 @@ step "Debian's PostgreSQL server for the store's PostgreSQL tests"
 scripts/install-postgres.sh
 step "test Unix users and a venv they can run (jobs as their owners)"
 scripts/install-multiuser.sh
+step "JupyterHub and configurable-http-proxy in that venv (the JupyterHub test)"
+scripts/install-jupyterhub.sh
 step "Debian's Slurm and munge for the Slurm runner's tests"
 scripts/install-slurm.sh
 step "ruff"

@@ -163,7 +163,19 @@ class EngineApp(JupyterApp):
 
     name = "jupyter-gpujobs-engine"
     description = ("The shared engine of a GPU machine: one queue and scheduler for every user, on a Unix "
-                   "socket that knows each caller by uid. Run it as root (a systemd unit).")
+                   "socket that knows each caller by uid. Run it as root (a systemd unit, or a "
+                   "JupyterHub-managed service: see the examples).")
+    examples = """
+sudo jupyter gpujobs engine --config=/etc/jupyter/jupyter_gpujobs_engine_config.py
+
+Under JupyterHub, in jupyterhub_config.py (the hub starts and stops the engine; each user's
+server finds its socket and forwards the panel's API to it as the user; docs/shared-server.md):
+
+    c.JupyterHub.services = [{"name": "gpujobs-engine", "command": [
+        "/opt/gpujobs/bin/jupyter-gpujobs", "engine",
+        "--config=/etc/jupyter/jupyter_gpujobs_engine_config.py"]}]
+    c.Spawner.cmd = ["/opt/gpujobs/bin/jupyterhub-singleuser"]
+"""
     aliases = {
         "socket": "GPUJobs.engine_socket",
         "state-dir": "GPUJobs.state_dir",
