@@ -83,6 +83,11 @@ class UserServer:
         headers = {**({"Authorization": f"token {tok}"} if tok else {}), **kw.pop("headers", {})}
         return httpx.request(method, self.url + "gpujobs/api/" + path, headers=headers, timeout=30, **kw)
 
+    def shutdown_kernel(self, kc: Any) -> None:
+        kc.stop_channels()
+        httpx.delete(self.url + f"api/kernels/{kc.kernel_id}", headers={"Authorization": f"token {self.token}"},
+                     timeout=60)
+
     def start_kernel(self, name: str = "python3") -> Any:
         """A kernel started by this server (so running as its user), and a client to it: root
         reads the connection file the server wrote."""
@@ -97,6 +102,7 @@ class UserServer:
         while not conn.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         kc = BlockingKernelClient()
+        kc.kernel_id = kid  # type: ignore[attr-defined]
         kc.load_connection_file(str(conn))
         kc.start_channels()
         deadline = time.monotonic() + 60  # not wait_for_ready: its heartbeat check misfires on a busy machine

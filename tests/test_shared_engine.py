@@ -114,7 +114,7 @@ def test_jobs_and_kernels_carry_no_credential(team: Team) -> None:
         assert env[0] == f"unix://{team.socket}" and env[1] is None and env[2] == _uid(U1)
         assert _evaluate(kc, WHOAMI)["user"] == U1
     finally:
-        kc.stop_channels()
+        s1.shutdown_kernel(kc)
 
 
 def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
@@ -132,7 +132,8 @@ def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
         other = team.servers[U1].api("GET", f"jobs/{env[0]}").json()
         assert other["private"] is True and other["user"] == U2
     finally:
-        kc.stop_channels()
+        s2.shutdown_kernel(kc)
+    wait_state(team, int(env[0]), ("COMPLETED", "CANCELLED"))  # shutting the kernel down frees its GPU
 
 
 @pytest.mark.skipif(not RUNS_AS_OWNER, reason="jobs do not run as their owners yet (runner has no run_as)")
@@ -352,8 +353,8 @@ def test_a_burst_from_both_users_never_shares_a_gpu_and_is_fair(team: Team) -> N
     finally:
         watch.stop.set()
         watch.join(10)
-        for kc in kernels.values():
-            kc.stop_channels()
+        for user, kc in kernels.items():
+            team.servers[user].shutdown_kernel(kc)
     with team.socket_client() as c:
         cell_jobs = [j for j in c.get("jobs", params={"kind": "cell", "limit": 1000}).json()["jobs"]]
     assert sorted(j["user"] for j in cell_jobs if j["state"] == "COMPLETED") == [U1, U1, U2, U2]
