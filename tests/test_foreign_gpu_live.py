@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 PY = sys.executable
-ROGUE_GPU = 3  # a GPU other test runs leave alone
+ROGUE_GPU = 5  # a GPU other test runs leave alone (their own rogues may sit on 0, 3 or 7)
 
 
 def _wait(pred: Any, timeout: float = 20) -> Any:
@@ -32,42 +32,49 @@ def _rogue() -> subprocess.Popen[bytes]:
 
 
 def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(live_server: Any) -> None:
-    server = live_server(fake_gpus="4xA100")
+    server = live_server(fake_gpus="6xA100")
     client = server.client()
     rogue = _rogue()
     try:
         text = f"in use by a process outside the queue (7.6 GB, pid {rogue.pid}, user root)"
 
-        def gpu3() -> dict[str, Any]:
+        def rogue_gpu() -> dict[str, Any]:
             return next(g for g in client.gpus() if g["index"] == ROGUE_GPU)
 
-        assert _wait(lambda: gpu3()["foreign"] == text), gpu3()
+        def decided(job_id: int) -> Any:
+            j = client.job(job_id)
+            return j if j["state"] != "PENDING" or j["reason"] != "waiting for the next scheduling cycle" else None
+
+        assert _wait(lambda: rogue_gpu()["foreign"] == text), rogue_gpu()
         out = server.cli("gpus")
         assert out.returncode == 0 and f"busy: {text}" in out.stdout, out.stdout
 
+        # jobs fill every GPU but that one; the next waits, and says why
         sleeper = [PY, "-c", "import time; time.sleep(60)"]
-        first = [client.submit(sleeper, gpus=1)["id"] for _ in range(3)]
-        for job_id in first:
-            _wait(lambda job_id=job_id: client.job(job_id)["state"] == "RUNNING")
-        assert all(ROGUE_GPU not in client.job(i)["assigned_gpus"] for i in first)
-        waiting = client.submit(sleeper, gpus=1)["id"]
-        job = _wait(lambda: (j := client.job(waiting))["reason"] != "waiting for the next scheduling cycle" and j)
-        assert job["state"] == "PENDING" and job["reason"] == f"waiting for 1 free GPU; GPU {ROGUE_GPU} is {text}"
+        waiting = None
+        for _ in range(6):
+            job = _wait(lambda job_id=client.submit(sleeper, gpus=1)["id"]: decided(job_id))
+            assert ROGUE_GPU not in job["assigned_gpus"]
+            if job["state"] == "PENDING":
+                waiting = job
+                break
+        assert waiting is not None and f"GPU {ROGUE_GPU} is {text}" in waiting["reason"], waiting
+        assert waiting["reason"].startswith("waiting for 1 free GPU; ")
 
         # an admin overrides: the job starts there
         out = server.cli("gpus", "--override", str(ROGUE_GPU), "--reason", "the owner said it is idle")
         assert out.returncode == 0, out.stderr
-        job = _wait(lambda: (j := client.job(waiting))["state"] == "RUNNING" and j)
+        job = _wait(lambda: (j := client.job(waiting["id"]))["state"] == "RUNNING" and j)
         assert job["assigned_gpus"] == [ROGUE_GPU]
-        client.cancel(waiting)
-        _wait(lambda: client.job(waiting)["state"] == "CANCELLED")
+        client.cancel(waiting["id"])
+        _wait(lambda: client.job(waiting["id"])["state"] == "CANCELLED")
 
         # ... and takes it back: the next job waits again
         out = server.cli("gpus", "--end-override", str(ROGUE_GPU))
         assert out.returncode == 0, out.stderr
         later = client.submit(sleeper, gpus=1)["id"]
-        job = _wait(lambda: (j := client.job(later))["reason"] != "waiting for the next scheduling cycle" and j)
-        assert job["state"] == "PENDING" and f"GPU {ROGUE_GPU} is {text}" in job["reason"]
+        job = _wait(lambda: decided(later))
+        assert job["state"] == "PENDING" and f"GPU {ROGUE_GPU} is {text}" in job["reason"], job
         time.sleep(1.5)
         assert client.job(later)["state"] == "PENDING"
     finally:
@@ -76,4 +83,4 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
     # released: the job starts on it
     job = _wait(lambda: (j := client.job(later))["state"] == "RUNNING" and j, timeout=15)
     assert job["assigned_gpus"] == [ROGUE_GPU]
-    assert gpu3()["foreign"] is None and gpu3()["foreign_override"] is None
+    assert rogue_gpu()["foreign"] is None and rogue_gpu()["foreign_override"] is None
