@@ -248,12 +248,77 @@ def test_notebook_job_with_parameters(server: Any) -> None:
     assert f"gpus {done['assigned_gpus'][0]}" in _outputs_text(nb.cells[3])
 
 
-def test_kernels_are_refused_with_a_clear_message(server: Any) -> None:
+def test_a_kernel_job_without_its_launch_command_is_refused(server: Any) -> None:
     from jupyter_gpujobs.client import GPUJobsError
 
     with server.client() as client, pytest.raises(GPUJobsError) as err:
         client.submit(kind="kernel", gpus=1, time_limit="5m")
-    assert err.value.field == "kind" and "Slurm" in err.value.message
+    assert err.value.field == "command" and "Slurm" in err.value.message
+
+
+def _kernel_job(client: Any, name: str) -> dict[str, Any]:
+    return next(j for j in client.jobs(limit=100)["jobs"] if j["kind"] == "kernel" and j["name"] == f"kernel {name}")
+
+
+def test_gpu_kernel_runs_as_a_slurm_job_is_interrupted_and_shut_down(server: Any) -> None:
+    from test_provisioner import Kernels, install_spec, wait_until
+
+    install_spec(server, "python3-slurm", "--gpus", "1", "--time", "10m", "--max-wait", "1m")
+    k = Kernels(server)
+    try:
+        t0 = time.monotonic()
+        kernel = k.start_ok("python3-slurm")
+        print(f"GPU kernel started on Slurm in {time.monotonic() - t0:.2f}s")
+        with server.client() as client:
+            job = _kernel_job(client, "python3-slurm")
+            sid = slurm_id(client, job["id"])
+            assert job["state"] == "RUNNING" and len(job["assigned_gpus"]) == 1, job
+            assert sid in squeue("-t", "R", "-o", "%i").split()
+            assert f"Slurm job {sid}" in server.cli("show", str(job["id"])).stdout
+            # the kernel runs in the Slurm job, on the GPU Slurm gave it
+            assert k.evaluate(kernel, "os.environ['SLURM_JOB_ID']") == sid
+            assert k.evaluate(kernel, "os.environ['CUDA_VISIBLE_DEVICES']") == str(job["assigned_gpus"][0])
+            assert [g["job_id"] for g in client.gpus() if g["index"] == job["assigned_gpus"][0]] == [job["id"]]
+
+            kc = k.by_kernel[kernel]
+            msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+            wait_until(lambda: k.server_state(kernel) == "busy", 10, "cell running")
+            time.sleep(0.5)
+            assert k.http.post(f"api/kernels/{kernel}/interrupt").status_code == 204
+            while True:
+                reply = kc.get_shell_msg(timeout=15)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+            assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+            assert k.evaluate(kernel, "1 + 1") == "2"  # still alive after the interrupt
+
+            assert k.http.delete(f"api/kernels/{kernel}").status_code == 204
+            done = client.wait(job["id"], timeout=20)
+            assert done["state"] == "COMPLETED", done
+            wait_until(lambda: sid not in squeue("-o", "%i").split(), 15, "Slurm job ended")
+            assert all(g["job_id"] != job["id"] for g in client.gpus())
+    finally:
+        k.close()
+
+
+def test_gpu_kernel_past_its_time_limit_is_stopped(server: Any) -> None:
+    from test_provisioner import Kernels, install_spec, wait_until
+
+    install_spec(server, "python3-slurm-short", "--gpus", "1", "--time", "4s", "--max-wait", "1m")
+    k = Kernels(server)
+    try:
+        kernel = k.start_ok("python3-slurm-short")
+        with server.client() as client:
+            job = _kernel_job(client, "python3-slurm-short")
+            sid = slurm_id(client, job["id"])
+            assert k.evaluate(kernel, "os.environ['SLURM_JOB_ID']") == sid
+            wait_until(lambda: kernel not in k.ids(), 20, "timed-out kernel shut down")
+            final = client.wait(job["id"], timeout=10)
+            assert final["state"] == "TIMEOUT" and "time limit" in final["reason"], final
+            wait_until(lambda: sid not in squeue("-o", "%i").split(), 15, "Slurm job ended")
+            assert all(g["job_id"] != job["id"] for g in client.gpus())
+    finally:
+        k.close()
 
 
 def test_a_restarted_engine_picks_up_its_slurm_jobs(server: Any) -> None:

@@ -251,6 +251,20 @@ class Mirror:
         s.wake()
         return await s.wait_ended(job.id, wait_s)
 
+    def release(self, job: Job, handle: dict[str, Any] | None, state: JobState, reason: str) -> None:
+        """A GPU kernel's job ended outside Slurm (shut down, idle, time limit, server gone):
+        scancel its Slurm job, off the event loop, so its GPUs go back to Slurm."""
+        if handle is None:
+            return
+        outcome = "timeout" if state is JobState.TIMEOUT else "cancelled"
+        args = (job.id, handle, reason, outcome)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.runner.terminate(*args)
+            return
+        loop.run_in_executor(None, self.runner.terminate, *args)
+
     # ------------------------------------------------------------------ GPUs
 
     def gpu_views(self, inventory: list[GPU]) -> list[dict[str, Any]]:

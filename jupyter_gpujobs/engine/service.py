@@ -692,9 +692,9 @@ class JobService:
         """A submission checked and turned into the rows to store; raises InvalidInput."""
         now = self.clock()
         fields = validate_submission(body, self.inventory, self.policy, now)
-        if self.mirror is not None and fields["kind"] in EXTERNAL_KINDS:
-            raise InvalidInput("kind", "GPU kernels do not run under the Slurm runner yet; "
-                                       "run the notebook as a job or use a kernel on a local engine")
+        if self.mirror is not None and fields["kind"] in EXTERNAL_KINDS and not fields["command"]:
+            raise InvalidInput("command", "a GPU kernel under the Slurm runner runs as a Slurm job and needs "
+                                          "its launch command (the GPU kernel provisioner gives it)")
         group = fields["group"]
         if group and self.group_members and user not in self.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
@@ -932,6 +932,9 @@ class JobService:
         if job is None:
             return None
         if state.is_final:
+            if self.mirror is not None and job.kind in EXTERNAL_KINDS and actor != "runner":
+                # a kernel under Slurm ended by its provisioner or the engine: end its Slurm job too
+                self.mirror.release(job, self._handles.get(job_id), state, reason)
             self._forget(job_id)
             self._handles.pop(job_id, None)
             self._terminating.discard(job_id)

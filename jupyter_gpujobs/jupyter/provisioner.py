@@ -43,6 +43,7 @@ from traitlets import Bool, Float, Integer, Unicode, Union
 
 from ..client import FINAL_STATES, AsyncGPUJobsClient, GPUJobsError
 from ..model import InvalidInput, format_duration, parse_duration, parse_gpu_count, parse_priority
+from .slurm_kernel import SlurmKernel, engine_runner
 
 PROVISIONER_NAME = "gpujobs-provisioner"
 #: The IPython extension that prints the time-limit notice in the kernel's cells.
@@ -178,6 +179,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     _deadline: float | None = None  # epoch seconds of the job's time limit
     _pending_end: tuple[str, str] | None = None  # how cleanup() ends the job (idle, time limit)
     _fake_gpus = False
+    _slurm: SlurmKernel | None = None  # the engine hands jobs to Slurm: the kernel is a Slurm job
 
     # ================================================================= settings
 
@@ -232,19 +234,26 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                           os.environ["GPUJOBS_JOB_ID"], os.environ["CUDA_VISIBLE_DEVICES"])
             return await super().pre_launch(**kwargs)
         settings = self._settings()
+        self._slurm = None
+        if await engine_runner(await self._get_client()) == "slurm":
+            # the kernel runs as a Slurm job, submitted with its command line in launch_kernel
+            self._slurm = SlurmKernel(self)
+            return await super().pre_launch(**kwargs)
         job = await self._allocation(settings)
         self._remember(job)
         kwargs = await super().pre_launch(**kwargs)
         kwargs["env"].update(await self._gpu_env(job))
         return kwargs
 
-    async def _allocation(self, settings: dict[str, Any]) -> dict[str, Any]:
+    async def _allocation(self, settings: dict[str, Any], command: list[str] | None = None,
+                          **extra: Any) -> dict[str, Any]:
+        """Queue the kernel's job (a Slurm kernel's with its `command`) and wait until it runs."""
         client = await self._get_client()
         if client.url not in _RECONCILED:
             _RECONCILED.add(client.url)
             with contextlib.suppress(Exception):
                 await reconcile_kernel_jobs(client)
-        if self.job_id is not None and not self._job_final:
+        if self.job_id is not None and not self._job_final and command is None:
             # a restart: keep the allocation if the job still runs
             try:
                 job = await client.job(self.job_id)
@@ -258,7 +267,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         name = self._spec_name()
         try:
             job = await client.submit(
-                None, kind="kernel", name=f"kernel {name}".strip(), gpus=settings["gpus"],
+                command, **extra, kind="kernel", name=f"kernel {name}".strip(), gpus=settings["gpus"],
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
                 priority=settings["priority"],
                 payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid()},
@@ -356,8 +365,12 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        if self.job_id is not None and self.notice_in_kernel and _is_ipykernel(cmd):
+        if (self.job_id is not None or self._slurm) and self.notice_in_kernel and _is_ipykernel(cmd):
             cmd = [*cmd, f"--IPKernelApp.extra_extensions={NOTICE_EXTENSION}"]
+        if self._slurm is not None:
+            self.connection_info = await self._slurm.launch(cmd, self.parent.connection_file, kwargs.get("env") or {},
+                                                            kwargs.get("cwd"), self._settings())
+            return self.connection_info
         info = await super().launch_kernel(cmd, **kwargs)
         if self.job_id is not None:
             self._write_state(kernel_pid=self.pid)
@@ -390,6 +403,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     def _exit_status(self) -> tuple[bool, int | None]:
         """(the kernel process has exited, its return code when known)."""
+        if self._slurm is not None:
+            return False, None  # a Slurm kernel's end is its job's end, which the watcher reads
         if self.process is not None:
             rc = self.process.poll()
             return rc is not None, rc
@@ -491,6 +506,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         km = self.parent
         mkm = getattr(km, "parent", None)
         kernel_id = self.kernel_id
+        if self._slurm is not None and self._pending_end:
+            await self._end(*self._pending_end)  # recorded before the kernel's exit ends its Slurm job
         try:
             if mkm is not None and hasattr(mkm, "shutdown_kernel") and kernel_id in mkm:
                 await ensure_async(mkm.shutdown_kernel(kernel_id))
@@ -534,11 +551,47 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def terminate(self, restart: bool = False) -> None:
         await self._note_crash_before_stop()
+        if self._slurm is not None:
+            return await self._slurm_stop()
         await super().terminate(restart=restart)
 
     async def kill(self, restart: bool = False) -> None:
         await self._note_crash_before_stop()
+        if self._slurm is not None:
+            return await self._slurm_stop()
         await super().kill(restart=restart)
+
+    # ================================================================= a kernel on a Slurm node
+
+    async def _slurm_stop(self) -> None:
+        assert self._slurm is not None
+        await self._slurm.end(*(("COMPLETED", "kernel shut down") if self._stopping else ("CANCELLED", "kernel killed")))
+
+    @property
+    def has_process(self) -> bool:
+        if self._slurm is not None:
+            return self.job_id is not None and self._slurm.state not in FINAL_STATES
+        return bool(super().has_process)
+
+    async def poll(self) -> int | None:
+        if self._slurm is not None:
+            return await self._slurm.poll()
+        return await super().poll()
+
+    async def wait(self) -> int | None:
+        if self._slurm is None:
+            return await super().wait()
+        while (rc := await self._slurm.poll()) is None:
+            await asyncio.sleep(0.1)
+        return rc
+
+    async def send_signal(self, signum: int) -> None:
+        if self._slurm is None:
+            return await super().send_signal(signum)
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            await self._slurm_stop()
+        elif signum:  # interrupts go as messages (interrupt_mode); nothing else crosses machines
+            self.log.warning("gpujobs: signal %s not sent to kernel %s on its Slurm node", signum, self.kernel_id)
 
     async def cleanup(self, restart: bool = False) -> None:
         """Release the GPUs, unless this is the first half of a restart (which keeps them)."""

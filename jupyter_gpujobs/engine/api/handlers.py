@@ -396,6 +396,7 @@ class InfoHandler(GPUJobsHandler):
             "admin": admin,
             "identity": self.settings.get("gpujobs_identity", "unix"),
             "backend": self.service.gpus.name,
+            "runner": getattr(self.service.runner, "name", "local"),
             "gpus": len(gpus),
             "gpu_models": sorted({g["name"] for g in gpus}),
             "store": store,
