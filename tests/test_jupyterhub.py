@@ -185,6 +185,18 @@ def _wait(predicate: Any, timeout: float, what: str, hub: Hub) -> Any:
         time.sleep(0.2)
 
 
+def wait_state(hub: Hub, user: str, job_id: int, state: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = hub.gpujobs(user, "GET", f"jobs/{job_id}").json()
+        if job["state"] == state:
+            return job
+        if time.monotonic() > deadline:
+            log = hub.gpujobs(user, "GET", f"jobs/{job_id}/log").json().get("data", "")
+            raise AssertionError(f"job {job_id} is not {state} in {timeout} s: {job}\n{log[-2000:]}")
+        time.sleep(0.3)
+
+
 # --------------------------------------------------------------- kernels through the hub
 
 
@@ -279,7 +291,7 @@ def test_two_users_cells_share_one_queue_and_keep_their_data(hub: Hub, browser: 
     out, errors = k1.execute("%%gpujob -g 2 -t 5m --name u1-secret-training --async\nimport time; time.sleep(300)")
     assert not errors, errors
     (j1,) = job_ids(k1)
-    _wait(lambda: hub.gpujobs(U1, "GET", f"jobs/{j1}").json()["state"] == "RUNNING", 60, "u1's job running", hub)
+    wait_state(hub, U1, j1, "RUNNING")
     out, errors = k2.execute("%%gpujob -g 1 -t 5m --name u2-private-eval --async\nprint('eval done')")
     assert not errors, errors
     out, errors = k1.execute("%%gpujob -g 1 -t 5m --name u1-next --async\nprint('next')")
@@ -307,7 +319,7 @@ def test_two_users_cells_share_one_queue_and_keep_their_data(hub: Hub, browser: 
     # u1's jobs end: u2's runs on a freed GPU, and a blocking cell streams its output back
     for job_id in (j3, j1):
         assert hub.gpujobs(U1, "DELETE", f"jobs/{job_id}").status_code == 200
-    _wait(lambda: hub.gpujobs(U2, "GET", f"jobs/{j2}").json()["state"] == "COMPLETED", 90, "u2's job done", hub)
+    wait_state(hub, U2, j2, "COMPLETED")
     out, errors = k2.execute("%%gpujob -g 1 -t 2m\nimport os; print('on GPU', os.environ['CUDA_VISIBLE_DEVICES'], "
                              "'as uid', os.getuid())")
     assert not errors, errors

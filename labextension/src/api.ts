@@ -44,6 +44,8 @@ export interface IGPU {
 export interface IGPUInventory {
   gpus: IGPU[];
   backend: string;
+  /** What confines each job here, e.g. "GPU fence: device cgroup; ...". */
+  isolation?: string;
 }
 
 export interface IJob {

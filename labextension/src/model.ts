@@ -34,6 +34,8 @@ export class GPUJobsModel {
   admin = false;
   gpus: IGPU[] = [];
   backend = '';
+  /** What confines each job on this engine (one line from GET gpus). */
+  isolation = '';
   myJobs: IJob[] = [];
   /** The head of the queue (one page); `queueTotal` jobs are pending in all. */
   queue: IJob[] = [];
@@ -148,6 +150,7 @@ export class GPUJobsModel {
       ]);
       this.gpus = inventory.gpus;
       this.backend = inventory.backend;
+      this.isolation = inventory.isolation || '';
       this.queue = queue.jobs;
       this.queueTotal = queue.total;
       this.quota = quota;

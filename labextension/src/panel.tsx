@@ -96,6 +96,14 @@ function PanelView(props: {
         <>
           <Section title="GPUs" name="gpus" count={model.gpus.length}>
             <GPUList gpus={model.gpus} backend={model.backend} me={model.user} />
+            {model.isolation && (
+              <div
+                className="jp-GPUJobs-hint jp-GPUJobs-isolation"
+                title="What keeps each job to its own GPUs and processes on this server"
+              >
+                {model.isolation}
+              </div>
+            )}
           </Section>
           <Section title="My jobs" name="myjobs" count={model.myJobs.length}>
             <MyJobs jobs={model.myJobs} now={now} actions={actions} />

@@ -102,6 +102,19 @@ def test_panel_lists_the_gpus(page: Any) -> None:
     assert "GPU: 0 running · 0 queued" in status_text(page)
 
 
+def test_panel_says_what_confines_the_jobs(page: Any, lab: Lab) -> None:
+    """The isolation line of GET gpus, under the GPU cards ("GPU fence: ..."), as the CLI's
+    `gpus` and the engine's log say it."""
+    import httpx
+
+    isolation = httpx.get(lab.url + "gpujobs/api/gpus", timeout=10).json()["isolation"]
+    assert isolation.startswith("GPU fence: ")
+    panel = open_panel(page)
+    line = panel.locator(".jp-GPUJobs-isolation")
+    line.wait_for(timeout=10000)
+    assert line.inner_text() == isolation
+
+
 # ------------------------------------------------------- live: queued, running, done
 
 
