@@ -321,6 +321,24 @@ def test_gpu_kernel_past_its_time_limit_is_stopped(server: Any) -> None:
         k.close()
 
 
+def test_idle_gpu_kernel_on_slurm_is_reclaimed(server: Any) -> None:
+    from test_provisioner import Kernels, install_spec, wait_until
+
+    install_spec(server, "python3-slurm-idle", "--gpus", "1", "--time", "10m", "--idle-timeout", "3s")
+    k = Kernels(server)
+    try:
+        kernel = k.start_ok("python3-slurm-idle")
+        with server.client() as client:
+            job = _kernel_job(client, "python3-slurm-idle")
+            sid = slurm_id(client, job["id"])
+            wait_until(lambda: kernel not in k.ids(), 30, "idle kernel shut down")
+            final = client.wait(job["id"], timeout=10)
+            assert final["state"] == "CANCELLED" and final["reason"] == "idle for 3 s", final
+            wait_until(lambda: sid not in squeue("-o", "%i").split(), 15, "Slurm job ended")
+    finally:
+        k.close()
+
+
 def test_a_restarted_engine_picks_up_its_slurm_jobs(server: Any) -> None:
     with server.client() as client:
         running = client.submit(["sh", "-c", "sleep 4; echo survived"], gpus=1, time_limit="5m")
