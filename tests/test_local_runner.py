@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ PY = sys.executable
 
 
 @pytest.fixture
-def runner(tmp_path: Path) -> LocalRunner:
-    return LocalRunner(tmp_path / "run")
+def runner(tmp_path: Path) -> Iterator[LocalRunner]:
+    runner = LocalRunner(tmp_path / "run")
+    yield runner
+    runner.close()
 
 
 def _req(tmp_path: Path, job_id: int, code: str | list[str], **kw: Any) -> LaunchRequest:
@@ -332,6 +335,62 @@ def test_job_survives_the_process_that_started_it(tmp_path: Path) -> None:
     exit_ = _wait(runner, 30, handle)
     assert exit_.outcome == "completed"
     assert log.read_text().splitlines() == [f"line {i}" for i in range(4)]
+
+
+# ------------------------------------------------------------------ supervisors started ahead
+
+
+def _waiting_supervisors(runner: LocalRunner) -> dict[int, float]:
+    """pid -> create time of the runner's supervisors that wait for a job (in its state dir:
+    one given a job works in the job's directory)."""
+    found = {}
+    for child in psutil.Process().children():
+        try:
+            if ("--standby" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
+                    and os.path.samefile(child.cwd(), runner.state_dir)):
+                found[child.pid] = child.create_time()
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def test_a_wave_of_starts_finds_a_supervisor_started_ahead_for_each(tmp_path: Path) -> None:
+    """GPUs that free at once: each of their next jobs starts under a supervisor that was
+    already running, not one that must start its interpreter first."""
+    runner = LocalRunner(tmp_path / "run", standbys=4)
+    try:
+        assert runner.poll({}) == []  # a poll with nothing ended fills the supervisors in
+        waiting = _waiting_supervisors(runner)
+        assert len(waiting) == 4
+        handles = {300 + i: runner.start(_req(tmp_path, 300 + i, [PY, "-S", "-c", f"print({i})"]))
+                   for i in range(4)}
+        assert {h["pid"] for h in handles.values()} == set(waiting)
+        assert all(h["create_time"] == waiting[h["pid"]] for h in handles.values())
+        for job_id, handle in handles.items():
+            exit_ = _wait(runner, job_id, handle)
+            assert exit_.outcome == "completed"
+            assert (tmp_path / f"job-{job_id}.log").read_text() == f"{job_id - 300}\n"
+        runner.poll({})
+        refilled = _waiting_supervisors(runner)
+        assert len(refilled) == 4 and not set(refilled) & set(waiting)  # ready for the next wave
+    finally:
+        runner.close()
+    assert _waiting_supervisors(runner) == {}  # none left behind
+
+
+def test_a_supervisor_started_with_another_pythonpath_is_not_used(
+        runner: LocalRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "before"))
+    runner.poll({})
+    before = _waiting_supervisors(runner)
+    assert before
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "after"))
+    code = "import os; print(os.environ.get('PYTHONPATH'))"
+    handle = runner.start(_req(tmp_path, 310, [PY, "-S", "-c", code]))
+    assert handle["pid"] not in before
+    assert _wait(runner, 310, handle).outcome == "completed"
+    assert (tmp_path / "job-310.log").read_text() == f"{tmp_path / 'after'}\n"
+    assert not set(before) & set(_waiting_supervisors(runner))  # they were stopped
 
 
 # ------------------------------------------------------------------ costs

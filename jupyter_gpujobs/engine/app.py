@@ -63,6 +63,8 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         # fake GPUs get device nodes (for the GPU fence) where every job's user can open them
         device_dir = f"/dev/gpujobs-fake/{fleet}" if os.geteuid() == 0 else None
         backend = make_backend(cfg.fake_gpus or None, log, fleet=fleet, device_dir=device_dir)
+        if hasattr(runner, "standbys"):  # a supervisor waiting for each GPU that may free at once
+            runner.standbys = max(1, len(backend.inventory()))
         # this machine's GPUs: no other engine here may hand them out while this one runs
         claim = GPUClaim([g.uuid for g in backend.inventory()], cfg.claim_dir, {"data_dir": str(data_dir)})
         if not claim.acquire():

@@ -11,6 +11,11 @@ The handle the service stores is `{"runner": "local", "job_dir", "pid", "create_
 "started_at"}`; pid and create time together identify the shim, so a recycled pid is never
 taken for it. `start()` does not wait for anything; `poll()` stats result files and checks
 supervisors' liveness at most every `liveness_interval` seconds, so it can run every 50 ms.
+
+Supervisors are started ahead of the jobs they will run: the runner keeps `standbys` of them
+waiting (`shim --standby`, as many as GPUs free at once when jobs end together), and a start
+hands one its job dir on stdin instead of waiting for an interpreter to start. `poll()` refills
+them when it finds no job ended, so the refill is not in front of a start.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ _PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
 class LocalRunner(Runner):
     """Runs jobs on this machine under one supervisor (shim) process each."""
 
+    #: most supervisors kept waiting, whatever `standbys` is asked for
+    MAX_STANDBYS = 8
+
     def __init__(self, state_dir: Path, python: str = sys.executable, liveness_interval: float = 0.5,
-                 cgroups_mode: str = "auto"):
+                 cgroups_mode: str = "auto", standbys: int = 4):
         self.state_dir = Path(state_dir)
         self.python = python
         self.liveness_interval = liveness_interval
@@ -53,7 +61,9 @@ class LocalRunner(Runner):
         self._checked: dict[str, float] = {}  # job_dir -> monotonic time of the last liveness check
         self._exiting: list[subprocess.Popen[bytes]] = []  # shims that reported, to be reaped
         self._seq = 0
-        self._standby: subprocess.Popen[bytes] | None = None
+        #: how many supervisors wait for a job (at most MAX_STANDBYS; 0: each start spawns one)
+        self.standbys = standbys
+        self._standbys: list[subprocess.Popen[bytes]] = []  # oldest first
         self._standby_pythonpath: str | None = None
 
     # ------------------------------------------------------------------ start
@@ -99,7 +109,6 @@ class LocalRunner(Runner):
                     cwd=str(job_dir), env=self._shim_env(pythonpath), stdin=subprocess.DEVNULL, stdout=shim_log,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
-        self._spawn_standby(pythonpath)
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -160,42 +169,56 @@ class LocalRunner(Runner):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, _PSUTIL_PARENT, pythonpath) if p)
         return env
 
-    def _spawn_standby(self, pythonpath: str | None) -> None:
-        """Start the supervisor of the next job now, so that job does not wait for an
-        interpreter to start (-S: no site-packages scan; what the shim needs is on PYTHONPATH)."""
-        try:
-            self._standby = subprocess.Popen(
-                [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", "--standby"],
-                cwd=str(self.state_dir), env=self._shim_env(pythonpath), stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-            )
+    def fill_standbys(self) -> None:
+        """Start supervisors until `standbys` wait for a job, so that many jobs starting at once
+        (GPUs freed together) do not wait for an interpreter to start (-S: no site-packages
+        scan; what the shim needs is on PYTHONPATH)."""
+        pythonpath = os.environ.get("PYTHONPATH")
+        if self._standbys and self._standby_pythonpath != pythonpath:
+            self._close_standbys()  # they would run jobs with another PYTHONPATH
+        self._standbys = [p for p in self._standbys if p.poll() is None]
+        want = max(0, min(self.standbys, self.MAX_STANDBYS))
+        while len(self._standbys) < want:
+            try:
+                proc = subprocess.Popen(
+                    [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", "--standby"],
+                    cwd=str(self.state_dir), env=self._shim_env(pythonpath), stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                )
+            except OSError:
+                return
+            self._standbys.append(proc)
             self._standby_pythonpath = pythonpath
-        except OSError:
-            self._standby = None
 
     def _take_standby(self, pythonpath: str | None) -> subprocess.Popen[bytes] | None:
-        proc, self._standby = self._standby, None
-        if proc is None:
-            return None
-        if proc.poll() is not None or self._standby_pythonpath != pythonpath:
-            self._close_standby(proc)
-            return None
-        return proc
+        """A waiting supervisor started with this PYTHONPATH, or None."""
+        if self._standby_pythonpath != pythonpath:
+            self._close_standbys()
+        while self._standbys:
+            proc = self._standbys.pop(0)
+            if proc.poll() is None:
+                return proc
+        return None
 
-    @staticmethod
-    def _close_standby(proc: subprocess.Popen[bytes]) -> None:
-        try:
-            if proc.stdin:
-                proc.stdin.close()  # EOF: it exits
-            proc.wait(timeout=2)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
+    def _close_standbys(self) -> None:
+        procs, self._standbys = self._standbys, []
+        for proc in procs:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()  # EOF: it exits
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def close(self) -> None:
-        """Stop the standby supervisor (running jobs are not touched)."""
-        if self._standby is not None:
-            self._close_standby(self._standby)
-            self._standby = None
+        """Stop the supervisors waiting for a job (running jobs are not touched)."""
+        self._close_standbys()
 
     # ------------------------------------------------------------------ stop
 
@@ -257,6 +280,8 @@ class LocalRunner(Runner):
             cgroups.remove(handle.get("cgroups") or {})
             self._forget(job_dir)
             out.append(exit_)
+        if not out and len(self._standbys) < min(self.standbys, self.MAX_STANDBYS):
+            self.fill_standbys()  # not in front of the starts that follow an exit
         return out
 
     def alive(self, handle: dict[str, Any]) -> bool:
