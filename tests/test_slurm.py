@@ -278,7 +278,9 @@ def test_gpu_kernel_runs_as_a_slurm_job_is_interrupted_and_shut_down(server: Any
             # the kernel runs in the Slurm job, on the GPU Slurm gave it
             assert k.evaluate(kernel, "os.environ['SLURM_JOB_ID']") == sid
             assert k.evaluate(kernel, "os.environ['CUDA_VISIBLE_DEVICES']") == str(job["assigned_gpus"][0])
-            assert [g["job_id"] for g in client.gpus() if g["index"] == job["assigned_gpus"][0]] == [job["id"]]
+            # the cluster's GPU view reads Slurm's holders at most every 2 s
+            wait_until(lambda: [g["job_id"] for g in client.gpus() if g["index"] == job["assigned_gpus"][0]]
+                       == [job["id"]], 5, "the kernel's GPU shown as its job's")
 
             kc = k.by_kernel[kernel]
             msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
