@@ -52,6 +52,12 @@ def _isolate_jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         mp.setenv("JUPYTER_PREFER_ENV_PATH", "0")
         for name in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTER_PLATFORM_DIRS", *_SERVER_ENV):
             mp.delenv(name, raising=False)
+        # Fake-GPU processes the tests start without a server (runner-level jobs) carry a fleet
+        # of this test process's own: a process with no fleet is on every fake-GPU server's
+        # GPUs, and the servers of tests running at the same time (xdist workers) would take
+        # it for a process outside their queue and keep that GPU from their jobs. Servers
+        # give their own jobs and kernels their own fleet (engine/gpus/fake.py).
+        mp.setenv("GPUJOBS_FAKE_FLEET", f"tests-{os.getpid()}")
         yield home
 
 

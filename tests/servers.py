@@ -170,6 +170,16 @@ class LiveServer:
         return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout, env=self.env,
                               cwd=kw.pop("cwd", self.root), **kw)
 
+    def rogue(self, gpu: int, seconds: float = 120, **env: str) -> subprocess.Popen[bytes]:
+        """A process that holds fake GPU `gpu` of this server outside the queue (a "rogue", as a
+        person who ran `python train.py` by hand would be). It is marked with this server's fake
+        fleet, so other servers of the same test run do not see it on their GPUs."""
+        fleet = self.client().api("GET", "info")["fake_fleet"]
+        assert fleet, "rogue() needs a server on fake GPUs"
+        proc_env = {k: v for k, v in os.environ.items() if k != "GPUJOBS_JOB_ID"}
+        proc_env.update({"GPUJOBS_FAKE_FLEET": fleet, "GPUJOBS_FAKE_GPU_USE": str(gpu), **env})
+        return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env=proc_env)
+
     def server_log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self._logs if p.exists())
 

@@ -4,14 +4,12 @@ or an admin overrides."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from typing import Any
 
 PY = sys.executable
-ROGUE_GPU = 5  # a GPU other test runs leave alone (their own rogues may sit on 0, 3 or 7)
+ROGUE_GPU = 5
 
 
 def _wait(pred: Any, timeout: float = 20) -> Any:
@@ -24,17 +22,10 @@ def _wait(pred: Any, timeout: float = 20) -> Any:
         time.sleep(0.1)
 
 
-def _rogue() -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": str(ROGUE_GPU), "GPUJOBS_FAKE_MEM_MB": "7800"}
-    for key in ("GPUJOBS_JOB_ID", "GPUJOBS_FAKE_FLEET"):
-        env.pop(key, None)
-    return subprocess.Popen([PY, "-c", "import time; time.sleep(120)"], env=env)
-
-
 def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(live_server: Any) -> None:
     server = live_server(fake_gpus="6xA100")
     client = server.client()
-    rogue = _rogue()
+    rogue = server.rogue(ROGUE_GPU, GPUJOBS_FAKE_MEM_MB="7800")
     try:
         text = f"in use by a process outside the queue (7.6 GB, pid {rogue.pid}, user root)"
 

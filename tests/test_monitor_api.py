@@ -139,7 +139,10 @@ async def test_busy_job_is_no_idle_hog_and_has_stats(api: Any, monitor: Any) -> 
 
 
 async def test_rogue_process_is_reported_and_cleared(api: Any, monitor: Any) -> None:
-    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "3", "GPUJOBS_FAKE_MEM_MB": "777"}
+    status, info = await api("GET", "info")
+    # marked with this server's fake fleet: servers of other tests running meanwhile do not see it
+    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "3", "GPUJOBS_FAKE_MEM_MB": "777",
+           "GPUJOBS_FAKE_FLEET": info["fake_fleet"]}
     env.pop("GPUJOBS_JOB_ID", None)
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
     try:

@@ -4,8 +4,6 @@ started outside the queue."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -66,9 +64,7 @@ def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:
 
 def test_rogue_policy_kill(live_server: Any) -> None:
     server = live_server(fake_gpus="4xA100", config={"sample_interval": 0.3, "rogue_policy": "kill"})
-    env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": "3"}  # a GPU other test runs leave alone
-    env.pop("GPUJOBS_JOB_ID", None)
-    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env=env)
+    proc = server.rogue(3, seconds=60)
     try:
         wait_until(lambda: proc.poll() is not None, timeout=15)
     finally:

@@ -401,6 +401,9 @@ class InfoHandler(GPUJobsHandler):
             "gpu_models": sorted({g["name"] for g in gpus}),
             "store": store,
             "isolation": getattr(self.service, "isolation", None),
+            # on fake GPUs: the name a process puts in GPUJOBS_FAKE_FLEET to be on this engine's
+            # GPUs only (engine/gpus/fake.py); a demo's hand-made "rogue" uses it
+            "fake_fleet": getattr(self.service.gpus, "fleet", None),
         })
 
 
