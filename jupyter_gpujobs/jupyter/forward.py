@@ -15,14 +15,13 @@ import json
 from typing import Any
 
 import httpx
-from jupyter_core.utils import ensure_async
-from jupyter_server.auth.decorator import authorized, ws_authenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
 from tornado import web, websocket
 from tornado.httpclient import HTTPRequest
 
 from ..client import UnixResolver, http_target
-from ..engine.api.handlers import API, AUTH_RESOURCE
+from ..engine.api.handlers import API, AUTH_RESOURCE, AuthorizedWebSocket
 
 _PASSED_HEADERS = ("Content-Type", "Location", "Cache-Control")
 
@@ -102,23 +101,9 @@ class ForwardHandler(_Forwarding, APIHandler):
         await self._forward(path)
 
 
-class ForwardEventsHandler(_Forwarding, JupyterHandler, websocket.WebSocketHandler):
+class ForwardEventsHandler(_Forwarding, AuthorizedWebSocket):
     """The events websocket: one connection to the engine per browser connection, messages
     passed on as they come (the engine decides what this user may see)."""
-
-    auth_resource = AUTH_RESOURCE
-
-    async def pre_get(self) -> None:
-        ok = await ensure_async(self.authorizer.is_authorized(self, self.current_user, "read", AUTH_RESOURCE))
-        if not ok:
-            raise web.HTTPError(403)
-
-    @ws_authenticated
-    async def get(self, *args: Any, **kwargs: Any) -> None:
-        await ensure_async(self.pre_get())
-        res = super().get(*args, **kwargs)
-        if res is not None:
-            await res
 
     async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self._upstream: websocket.WebSocketClientConnection | None = None

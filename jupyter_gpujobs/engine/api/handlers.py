@@ -459,20 +459,14 @@ class OpenAPIHandler(GPUJobsHandler):
         self.reply(spec)
 
 
-class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
-    """Websocket of job state changes (`{"type": "job", ...}`), GPU updates (`{"type": "gpus"}`)
-    and the monitor's findings as they open and close (`{"type": "finding", "finding": {...}}`),
-    the last only to whom `GET findings` shows them: the finding's user and admins."""
+class AuthorizedWebSocket(JupyterHandler, websocket.WebSocketHandler):
+    """A websocket that only a user the server authenticates and authorizes to read the
+    "gpujobs" resource may open (the engine's events, and a user server's forward of them)."""
 
     auth_resource = AUTH_RESOURCE
 
-    @property
-    def service(self) -> JobService:
-        return self.settings["gpujobs_service"]
-
     async def pre_get(self) -> None:
-        user = self.current_user
-        ok = await ensure_async(self.authorizer.is_authorized(self, user, "read", AUTH_RESOURCE))
+        ok = await ensure_async(self.authorizer.is_authorized(self, self.current_user, "read", AUTH_RESOURCE))
         if not ok:
             raise web.HTTPError(403)
 
@@ -482,6 +476,16 @@ class EventsHandler(JupyterHandler, websocket.WebSocketHandler):
         res = super().get(*args, **kwargs)
         if res is not None:
             await res
+
+
+class EventsHandler(AuthorizedWebSocket):
+    """Websocket of job state changes (`{"type": "job", ...}`), GPU updates (`{"type": "gpus"}`)
+    and the monitor's findings as they open and close (`{"type": "finding", "finding": {...}}`),
+    the last only to whom `GET findings` shows them: the finding's user and admins."""
+
+    @property
+    def service(self) -> JobService:
+        return self.settings["gpujobs_service"]
 
     def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self._viewer = job_owner(self)

@@ -89,31 +89,39 @@ class FindingResolveHandler(MonitorHandler):
         self.reply(finding)
 
 
+def gpu_action(handler: GPUJobsHandler, flag: str, default_host: str) -> tuple[str, int, bool, str]:
+    """An admin's action on one GPU, `{"gpu": N, "host": ..., FLAG: true|false, "reason": ...}`:
+    checked and returned as (host, gpu, flag, reason); the GPU must exist (404 otherwise)."""
+    if not handler.service.is_admin(handler.owner):
+        raise ApiError(403, None, "only admins may do this")
+    body = handler.json_body()
+    if not isinstance(body, dict):
+        raise ApiError(400, "body", "expected a JSON object")
+    unknown = set(body) - {"gpu", "host", flag, "reason"}
+    if unknown:
+        raise ApiError(400, sorted(unknown)[0], f"unknown field; expected gpu, host, {flag}, reason")
+    gpu = body.get("gpu")
+    if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_ID:
+        raise ApiError(400, "gpu", "expected the GPU index")
+    host = body.get("host") or default_host
+    if not isinstance(host, str):
+        raise ApiError(400, "host", "expected a host name")
+    value = body.get(flag, True)
+    if not isinstance(value, bool):
+        raise ApiError(400, flag, "expected true or false")
+    reason = body.get("reason") or ""
+    if not isinstance(reason, str) or len(reason) > 2000 or "\x00" in reason:
+        raise ApiError(400, "reason", "expected a string of at most 2000 characters")
+    if not any(g["host"] == host and g["index"] == gpu for g in handler.service.gpu_views()):
+        raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
+    return host, gpu, value, reason
+
+
 class DrainHandler(MonitorHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        self.require_admin()
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
-        unknown = set(body) - {"gpu", "host", "draining", "reason"}
-        if unknown:
-            raise ApiError(400, sorted(unknown)[0], "unknown field; expected gpu, host, draining, reason")
-        gpu = body.get("gpu")
-        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_ID:
-            raise ApiError(400, "gpu", "expected the GPU index")
-        host = body.get("host") or self.monitor.host
-        if not isinstance(host, str):
-            raise ApiError(400, "host", "expected a host name")
-        draining = body.get("draining", True)
-        if not isinstance(draining, bool):
-            raise ApiError(400, "draining", "expected true or false")
-        reason = body.get("reason") or ""
-        if not isinstance(reason, str) or len(reason) > 2000 or "\x00" in reason:
-            raise ApiError(400, "reason", "expected a string of at most 2000 characters")
-        if not any(g["host"] == host and g["index"] == gpu for g in self.service.gpu_views()):
-            raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
+        host, gpu, draining, reason = gpu_action(self, "draining", self.monitor.host)
         self.monitor.drain(host, gpu, draining, self.owner, reason)
         self.reply({"gpus": self.service.gpu_views()})
 
@@ -124,30 +132,9 @@ class ForeignOverrideHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        if not self.service.is_admin(self.owner):
-            raise ApiError(403, None, "only admins may do this")
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
-        unknown = set(body) - {"gpu", "host", "override", "reason"}
-        if unknown:
-            raise ApiError(400, sorted(unknown)[0], "unknown field; expected gpu, host, override, reason")
-        gpu = body.get("gpu")
-        if not isinstance(gpu, int) or isinstance(gpu, bool):
-            raise ApiError(400, "gpu", "expected the GPU index")
         views = self.service.gpu_views()
-        host = body.get("host") or (views[0]["host"] if views else "localhost")
-        if not isinstance(host, str):
-            raise ApiError(400, "host", "expected a host name")
-        override = body.get("override", True)
-        if not isinstance(override, bool):
-            raise ApiError(400, "override", "expected true or false")
-        reason = body.get("reason") or ""
-        if not isinstance(reason, str) or len(reason) > 500:
-            raise ApiError(400, "reason", "expected a string of at most 500 characters")
-        view = next((g for g in views if g["host"] == host and g["index"] == gpu), None)
-        if view is None:
-            raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
+        host, gpu, override, reason = gpu_action(self, "override", views[0]["host"] if views else "localhost")
+        view = next(g for g in self.service.gpu_views() if g["host"] == host and g["index"] == gpu)
         if override and not view["foreign"] and not view["foreign_override"]:
             raise ApiError(409, "gpu", f"GPU {gpu} on {host} is not in use outside the queue; nothing to override")
         self.service.ignore_foreign(host, gpu, override, self.owner, reason)
