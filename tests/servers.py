@@ -48,7 +48,7 @@ def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
     their whole process trees (SIGKILLing them would orphan the jobs), then SIGKILL stragglers.
     A supervisor is found by its working directory, a job's folder in `run_dir` (one started
     in standby names no job on its command line), or by a command line that names `run_dir`."""
-    supervisors = _supervisors(run_dir)
+    supervisors = supervisors_under(run_dir)
     for p in supervisors:
         _signal(p, signal.SIGTERM)
     _, alive = psutil.wait_procs(supervisors, timeout=grace)
@@ -56,7 +56,8 @@ def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
         _signal(p, signal.SIGKILL)
 
 
-def _supervisors(run_dir: Path) -> list[psutil.Process]:
+def supervisors_under(run_dir: Path) -> list[psutil.Process]:
+    """The job supervisors of a runner whose runs live in `run_dir` (see stop_job_processes)."""
     root = str(run_dir)
     found = []
     for p in psutil.process_iter():

@@ -136,8 +136,9 @@ def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_serv
     script = (f"setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' & "
               f"sleep 0.2; kill -9 $PPID; echo $$ >> {pids}; sleep 300")
     job = u1.submit(["/bin/sh", "-c", script], gpus=2, cwd=str(open_dir), time_limit="4s")
-    waiting = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir))
     _wait(u1, job["id"], ("RUNNING",))
+    # submitted once the job holds both GPUs: it can start only on a GPU the job gave back
+    waiting = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir))
     deadline = time.monotonic() + 20
     while len(pids.read_text().split() if pids.exists() else []) < 2:
         assert time.monotonic() < deadline

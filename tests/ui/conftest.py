@@ -56,8 +56,11 @@ def client(lab: Lab) -> Iterator[Any]:
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module. Not for the session: while Playwright's sync API is open its
+    event loop counts as running in this thread, and the test files that a parallel worker runs
+    after this one would find it in place of their own (pytest-jupyter's loop)."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run scripts/install-browser.sh"
