@@ -40,7 +40,7 @@ from .claim import GPUClaim
 from .gpus import GPUBackend
 from .runners import NOT_STARTED_REASON, Exit, LaunchRequest, LocalRunner
 from .runners.cgroups import FENCE_OFF
-from .runners.users import NotAUnixUser, can_enter, run_as
+from .runners.users import NotAUnixUser, can_enter, in_group, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
@@ -667,9 +667,7 @@ class JobService:
             return True
         if self.admin_group is None:
             return False
-        from .api.identity import in_unix_group
-
-        return user == "root" or in_unix_group(user, self.admin_group)
+        return user == "root" or in_group(user, self.admin_group)
 
     # ================================================================= commands
 

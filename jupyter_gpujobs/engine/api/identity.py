@@ -2,12 +2,11 @@
 
 The engine listens on a Unix socket; the kernel tells it the uid of the connecting process
 (`SO_PEERCRED`), and the user is that uid's name. There is no token, header or name a caller
-could send to be someone else. Admins are root and the members of `c.GPUJobs.admin_group`.
+could send to be someone else. (Who is an admin is the engine's rule: `JobService.is_admin`.)
 """
 
 from __future__ import annotations
 
-import grp
 import pwd
 import socket
 import struct
@@ -50,17 +49,3 @@ class PeerCredIdentityProvider(IdentityProvider):
     def is_token_authenticated(self, handler: Any) -> bool:
         # the kernel vouches for every request (no cookie a page could ride on): no XSRF check
         return True
-
-
-def in_unix_group(user: str, group: str) -> bool:
-    """Whether `user` is a member of Unix group `group` (listed, or as its primary group)."""
-    try:
-        g = grp.getgrnam(group)
-    except KeyError:
-        return False
-    if user in g.gr_mem:
-        return True
-    try:
-        return pwd.getpwnam(user).pw_gid == g.gr_gid
-    except KeyError:
-        return False

@@ -1,5 +1,6 @@
 """The Unix users jobs run as: whether a job's owner is one on this machine, whether the engine
-runs each job as its owner (`run_as_owner`), and whether a folder is open to that user.
+runs each job as its owner (`run_as_owner`), whether a folder is open to that user, and
+whether a user is in a Unix group (the shared engine's admins).
 
 Only a root engine can start a process as another user; a personal engine (not root) runs
 every job as itself, as before.
@@ -7,6 +8,7 @@ every job as itself, as before.
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import stat
@@ -65,7 +67,9 @@ def can_enter(path: str, user: str) -> bool:
     """May `user` enter the folder `path` (search permission on it and every parent)? Read
     from the mode bits, owner and group of each folder, as the kernel checks them without
     ACLs; the job's own chdir as that user is the final word."""
-    entry = pwd.getpwnam(user)
+    entry = lookup(user)
+    if entry is None:
+        return False
     if entry.pw_uid == 0:
         return os.path.isdir(path)
     groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
@@ -93,3 +97,15 @@ def can_enter(path: str, user: str) -> bool:
         if not st.st_mode & bit:
             return False
     return True
+
+
+def in_group(user: str, group: str) -> bool:
+    """Whether `user` is a member of Unix group `group`, as a supplementary or primary group."""
+    entry = lookup(user)
+    if entry is None:
+        return False
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return False
+    return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
