@@ -60,7 +60,4 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
 
 def _set(service: Any, scope: str, name: str) -> dict[str, Any] | None:
     """A stored quota (set through the API or CLI): {"quota", "by", "at"}; None for a configured one."""
-    stored = service.quota_stored.get((scope, name))
-    if stored is None:
-        return None
-    return {"quota": service.quota_overrides[scope].get(name), "by": stored["set_by"], "at": stored["set_at"]}
+    return service.quotas_set.get((scope, name))

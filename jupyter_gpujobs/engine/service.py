@@ -130,11 +130,13 @@ class JobService:
         self.run_as_owner = run_as_owner  # users.run_as: run each job as its owner's Unix user
         self.job_python = job_python  # the Python of notebook jobs ("": the engine's)
         self.clock = clock
-        self.quota_overrides: dict[str, dict[str, Any]] = {"users": {}, "groups": {}}
         self.admin_group = admin_group  # members of this Unix group are admins (shared engine)
         self.private_data = private_data  # others' jobs show only their queue view (PrivateData=jobs)
         self.gpu_claim = gpu_claim  # the machine-wide claim of the GPUs (claim.py); None: not claimed
-        self.quota_stored: dict[tuple[str, str], dict[str, Any]] = {}  # (scope, name) -> set_by, set_at
+        # quotas an admin set through the API or CLI (stored; they win over the configured ones):
+        # (scope, name) -> {"quota": its dict form, "by": who, "at": when}; `_policy` applies them
+        self.quotas_set: dict[tuple[str, str], dict[str, Any]] = {}
+        self._policy = policy
 
         # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
         # `_pending` to the scheduler as it is, without a pass over 10k jobs
@@ -864,11 +866,10 @@ class JobService:
         now = self.clock()
         self.store.set_quota(scope, name, quota, actor, now)  # stored first: it survives restarts
         if quota is None:
-            self.quota_overrides[scope].pop(name, None)
-            self.quota_stored.pop((scope, name), None)
+            self.quotas_set.pop((scope, name), None)
         else:
-            self.quota_overrides[scope][name] = quota
-            self.quota_stored[(scope, name)] = {"set_by": actor, "set_at": now}
+            self.quotas_set[(scope, name)] = {"quota": quota, "by": actor, "at": now}
+        self._policy = self._with_quotas_set()
         log.info("gpujobs: %s %s the quota of %s %s%s", actor, "cleared" if quota is None else "set",
                  scope[:-1], name, "" if quota is None else f" to {quota}")
         self.wake()
@@ -877,8 +878,9 @@ class JobService:
         """Quotas set through the API before this start."""
         for scope, entries in self.store.load_quotas().items():
             for name, entry in entries.items():
-                self.quota_overrides.setdefault(scope, {})[name] = entry["quota"]
-                self.quota_stored[(scope, name)] = {"set_by": entry["set_by"], "set_at": entry["set_at"]}
+                self.quotas_set[(scope, name)] = {"quota": entry["quota"], "by": entry["set_by"],
+                                                  "at": entry["set_at"]}
+        self._policy = self._with_quotas_set()
 
     # ================================================================= a full or read-only store
 
@@ -1149,15 +1151,19 @@ class JobService:
         return self._plan
 
     def current_policy(self) -> Policy:
-        if not self.quota_overrides["users"] and not self.quota_overrides["groups"]:
+        """The configured policy with the quotas set through the API or CLI in force."""
+        return self._policy
+
+    def _with_quotas_set(self) -> Policy:
+        """Built when a quota is set or loaded, not in every cycle."""
+        if not self.quotas_set:
             return self.policy
         from ..config import _quota
 
-        user_quotas = dict(self.policy.user_quotas)
-        group_quotas = dict(self.policy.group_quotas)
-        user_quotas.update({u: _quota(u, q) for u, q in self.quota_overrides["users"].items()})
-        group_quotas.update({g: _quota(g, q) for g, q in self.quota_overrides["groups"].items()})
-        return replace(self.policy, user_quotas=user_quotas, group_quotas=group_quotas)
+        quotas = {"users": dict(self.policy.user_quotas), "groups": dict(self.policy.group_quotas)}
+        for (scope, name), entry in self.quotas_set.items():
+            quotas[scope][name] = _quota(name, entry["quota"])
+        return replace(self.policy, user_quotas=quotas["users"], group_quotas=quotas["groups"])
 
     def _limit_times(self, job: Job) -> tuple[float, float] | tuple[None, None]:
         """(when a started job reaches its time limit, when it is warned of it: at
