@@ -18,8 +18,9 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -582,46 +583,32 @@ class JobService:
             raise NotFound(f"no job {job_id}")
         return job
 
+    def _in_queue_order(self) -> Iterator[Job]:
+        """Pending jobs in scheduling order, the jobs no cycle has placed yet last (by id).
+        Lazy: a page of the head of a 10k-job queue, polled by many clients, reads a page."""
+        pending = self._pending
+        placed = 0
+        for jid in self._plan.order:
+            job = pending.get(jid)
+            if job is not None:
+                placed += 1
+                yield job
+        if placed < len(pending):
+            ordered = set(self._plan.order)
+            for jid in sorted(jid for jid in pending if jid not in ordered):
+                yield pending[jid]
+
     def queue(self) -> list[Job]:
         """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
-        pending = self._pending
-        order = [jid for jid in self._plan.order if jid in pending]
-        seen = set(order)
-        rest = sorted(jid for jid in pending if jid not in seen)
-        return [pending[jid] for jid in order + rest]
+        return list(self._in_queue_order())
 
     def queue_page(self, offset: int, limit: int, user: str | None = None) -> tuple[list[Job], int]:
         """Jobs `offset` to `offset + limit` of `queue()` (of `user`'s jobs only, when given)
-        and how many there are in all. Reads the order only as far as the page goes: the head
-        of a 10k-job queue, polled by many clients, costs a page, not the queue."""
-        pending = self._pending
-        page: list[Job] = []
-        seen = 0
-        in_order = 0
-        for jid in self._plan.order:
-            job = pending.get(jid)
-            if job is None:
-                continue
-            in_order += 1
-            if user and job.user != user:
-                continue
-            if seen >= offset and len(page) < limit:
-                page.append(job)
-            seen += 1
-            if len(page) >= limit and not user:
-                break
-        else:  # the whole order was read: the jobs no cycle has placed yet follow
-            if in_order < len(pending):
-                ordered = set(self._plan.order)
-                for jid in sorted(jid for jid in pending if jid not in ordered):
-                    job = pending[jid]
-                    if user and job.user != user:
-                        continue
-                    if seen >= offset and len(page) < limit:
-                        page.append(job)
-                    seen += 1
-            return page, seen
-        return page, len(pending)
+        and how many there are in all."""
+        if user is None:
+            return list(islice(self._in_queue_order(), offset, offset + limit)), len(self._pending)
+        mine = [job for job in self._in_queue_order() if job.user == user]
+        return mine[offset:offset + limit], len(mine)
 
     def active_jobs(self) -> list[Job]:
         """Pending and running jobs as the engine knows them now."""
