@@ -19,10 +19,8 @@ def _spec_path(pattern: str) -> str:
 
 
 def _handlers() -> list[tuple[str, type]]:
-    try:
-        from jupyter_gpujobs.engine.api.monitor import MONITOR_HANDLERS
-    except ImportError:
-        MONITOR_HANDLERS = []
+    from jupyter_gpujobs.engine.api.monitor import MONITOR_HANDLERS
+
     return list(HANDLERS) + list(MONITOR_HANDLERS)
 
 

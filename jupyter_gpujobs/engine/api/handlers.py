@@ -524,15 +524,16 @@ class EventsHandler(AuthorizedWebSocket):
             timer.stop()
 
 
-_ID = r"(?P<job_id>[^/]+)"
+#: A job id in a route (checked by `GPUJobsHandler.job_id`, so a bad one gets a 400 naming it).
+JOB_ID = r"(?P<job_id>[^/]+)"
 
 HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/gpus/?", GPUsHandler),
     (rf"/{API}/jobs/?", JobsHandler),
-    (rf"/{API}/jobs/{_ID}/log/?", JobLogHandler),
-    (rf"/{API}/jobs/{_ID}/events/?", JobEventsHandler),
-    (rf"/{API}/jobs/{_ID}/end/?", JobEndHandler),
-    (rf"/{API}/jobs/{_ID}/?", JobHandler),
+    (rf"/{API}/jobs/{JOB_ID}/log/?", JobLogHandler),
+    (rf"/{API}/jobs/{JOB_ID}/events/?", JobEventsHandler),
+    (rf"/{API}/jobs/{JOB_ID}/end/?", JobEndHandler),
+    (rf"/{API}/jobs/{JOB_ID}/?", JobHandler),
     (rf"/{API}/queue/?", QueueHandler),
     (rf"/{API}/quota/?", QuotaHandler),
     (rf"/{API}/whoami/?", WhoAmIHandler),

@@ -1,5 +1,5 @@
-"""REST endpoints of the monitor under `{base_url}gpujobs/api/` (`MONITOR_HANDLERS`, mounted by
-the server app next to server/handlers.py HANDLERS):
+"""REST endpoints of the monitor under `{base_url}gpujobs/api/` (`MONITOR_HANDLERS`, mounted
+next to handlers.py `HANDLERS` by the Jupyter extension and the shared engine):
 
 - `GET findings?kind=&job=&open=1&since=&limit=`: findings (admins: all; others: theirs)
 - `POST findings/resolve {"id": N}`: admins close a finding (a drained GPU is undrained)
@@ -28,7 +28,7 @@ from tornado import web
 from ...model import MAX_ID, InvalidInput, parse_id
 from ..monitor.diagnosis import KINDS
 from ..monitor.usage import heatmap_report, time_range, usage_report
-from .handlers import API, ApiError, GPUJobsHandler
+from .handlers import API, JOB_ID, ApiError, GPUJobsHandler
 
 if TYPE_CHECKING:
     from ..monitor import Monitor
@@ -188,15 +188,13 @@ class MetricsHandler(MonitorHandler):
         self.finish(body, set_content_type=content_type)  # APIHandler would say JSON otherwise
 
 
-_ID = r"(?P<job_id>[^/]+)"
-
 MONITOR_HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/findings/?", FindingsHandler),
     (rf"/{API}/findings/resolve/?", FindingResolveHandler),
     (rf"/{API}/gpus/drain/?", DrainHandler),
     (rf"/{API}/gpus/foreign/?", ForeignOverrideHandler),
     (rf"/{API}/gpus/samples/?", GPUSamplesHandler),
-    (rf"/{API}/jobs/{_ID}/stats/?", JobStatsHandler),
+    (rf"/{API}/jobs/{JOB_ID}/stats/?", JobStatsHandler),
     (rf"/{API}/usage/?", UsageHandler),
     (rf"/{API}/usage/heatmap/?", HeatmapHandler),
     (rf"/{API}/metrics/?", MetricsHandler),
