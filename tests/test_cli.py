@@ -135,3 +135,19 @@ def test_cli_skips_servers_that_are_gone_or_without_the_engine(live_server: Any,
     r = subprocess.run([PY, "-m", "jupyter_gpujobs.cli", "gpus"], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 1 and "none hosts jupyter-gpujobs" in r.stderr, r.stderr
+
+
+def test_every_command_the_product_tells_users_to_run_exists() -> None:
+    """Error messages, hints and docs that say `jupyter gpujobs CMD` name a command the CLI has."""
+    import re
+
+    from jupyter_gpujobs.cli import build_parser
+
+    root = Path(__file__).resolve().parent.parent
+    commands = next(a for a in build_parser()._actions if a.dest == "cmd").choices
+    named: dict[str, set[str]] = {}
+    for path in [*(root / "jupyter_gpujobs").rglob("*.py"), *(root / "docs").rglob("*.md"), root / "README.md"]:
+        for word in re.findall(r"jupyter gpujobs ([a-z][a-z-]*)", path.read_text(encoding="utf-8")):
+            named.setdefault(word, set()).add(str(path.relative_to(root)))
+    assert "log" in named and "doctor" in named
+    assert {w: where for w, where in named.items() if w not in commands} == {}

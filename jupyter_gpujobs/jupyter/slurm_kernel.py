@@ -114,7 +114,7 @@ class SlurmKernel:
                 return info
             if not await self.running(force=True):
                 raise GPUKernelStartError(f"the Slurm job of GPU kernel job {job_id} ended before the kernel "
-                                          f"started; see its log (jupyter gpujobs logs {job_id})")
+                                          f"started; see its log (jupyter gpujobs log {job_id})")
             if time.monotonic() > deadline:
                 await self.end("FAILED", "the kernel did not start on its Slurm node")
                 raise GPUKernelStartError(
