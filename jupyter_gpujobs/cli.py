@@ -378,7 +378,7 @@ def run(argv: Sequence[str]) -> int:
     elif args.cmd == "gpus":
         for gpu, override in ((args.override, True), (args.end_override, False)):
             if gpu is not None:
-                client.api("POST", "gpus/foreign", body={"gpu": gpu, "override": override, "reason": args.reason})
+                client.set_foreign_override(gpu, override, args.reason)
         report = client.gpu_report()
         gpus = report["gpus"]
         if args.json:

@@ -174,8 +174,19 @@ class _Calls:
         """`{"gpus": [...], "backend", "isolation"}`: the inventory and what confines jobs here."""
         return self._call("GET", "gpus")
 
+    def set_foreign_override(self, gpu: int, override: bool = True, reason: str = "", host: str | None = None) -> Any:
+        """Admin: hand out a GPU although a process outside the queue uses it (until it is seen
+        unused), or with `override=False` take that back. Returns `{"gpus": [...]}`."""
+        return self._call("POST", "gpus/foreign", body=_drop_none({"gpu": gpu, "host": host, "override": override,
+                                                                   "reason": reason}))
+
     def whoami(self) -> Any:
         return self._call("GET", "whoami")
+
+    def info(self) -> Any:
+        """What is in force in the engine: version, identity, GPU backend and runner, store,
+        isolation (what `jupyter gpujobs doctor` shows)."""
+        return self._call("GET", "info")
 
     # --- jobs
     def submit(self, command: str | list[str] | None = None, *, gpus: int = 1, gpu_type: str | None = None,

@@ -91,7 +91,7 @@ def check_engine(ctx: Context) -> list[Check]:
                       "start JupyterLab with the extension (`scripts/run-lab.sh` in a clone, or `jupyter lab`); "
                       "check `jupyter server extension list` shows jupyter_gpujobs enabled")]
     try:
-        ctx.info = ctx.client.api("GET", "info")
+        ctx.info = ctx.client.info()
     except GPUJobsError:
         ctx.info = {}  # an engine older than `GET info`
     version = ctx.info.get("version")
@@ -103,9 +103,8 @@ def check_engine(ctx: Context) -> list[Check]:
 def check_gpus(ctx: Context) -> list[Check]:
     if ctx.client is None:
         return []
-    report = ctx.client.api("GET", "gpus")
-    gpus = report.get("gpus", []) if isinstance(report, dict) else report
-    backend = report.get("backend") if isinstance(report, dict) else ctx.info.get("backend")
+    report = ctx.client.gpu_report()
+    gpus, backend = report["gpus"], report.get("backend")
     models: dict[str, int] = {}
     for g in gpus:
         models[g["name"]] = models.get(g["name"], 0) + 1
@@ -123,10 +122,10 @@ def check_gpus(ctx: Context) -> list[Check]:
     if draining:
         rows.append(Check("GPUs", WARN, f"draining: GPU {', '.join(draining)}",
                           "see `jupyter gpujobs findings`; an admin undrains with the panel or POST gpus/drain"))
-    for key, value in sorted(report.items() if isinstance(report, dict) else []):
+    for key, value in sorted(report.items()):
         if key not in ("gpus", "backend", "isolation") and isinstance(value, str) and value:
             rows.append(Check("GPUs", WARN, f"{key}: {value}"))  # e.g. a notice the engine gives
-    isolation = (report.get("isolation") if isinstance(report, dict) else None) or ctx.info.get("isolation")
+    isolation = report.get("isolation") or ctx.info.get("isolation")
     if isolation is None:
         rows.append(Check("isolation", WARN, "not reported by this engine: jobs see only their "
                           "CUDA_VISIBLE_DEVICES, nothing fences the other GPUs"))

@@ -351,7 +351,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         uuids, fake = _GPU_INFO.get(client.url, ({}, False))
         if not all(i in uuids for i in job["assigned_gpus"]):
             try:
-                answer = await client.api("GET", "gpus")
+                answer = await client.gpu_report()
                 uuids = {int(g["index"]): str(g["uuid"]) for g in answer["gpus"] if g.get("host") in (None, job.get("host"))}
                 fake = answer.get("backend") == "fake"
                 _GPU_INFO[client.url] = (uuids, fake)

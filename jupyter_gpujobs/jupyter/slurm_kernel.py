@@ -50,7 +50,7 @@ async def engine_runner(client: AsyncGPUJobsClient) -> str:
     runner = _RUNNERS.get(client.url)
     if runner is None:
         try:
-            runner = str((await client.api("GET", "info")).get("runner") or "local")
+            runner = str((await client.info()).get("runner") or "local")
         except GPUJobsError:
             return "local"
         _RUNNERS[client.url] = runner
