@@ -174,20 +174,15 @@ def check_lab_extension(ctx: Context) -> list[Check]:
 
 
 def check_kernelspecs(ctx: Context) -> list[Check]:
-    from .jupyter.kernelspec import gpu_kernelspecs, server_config, settings_in_force
-    from .jupyter.provisioner import GPUKernelStartError
+    from .jupyter.kernelspec import INSTALL_HINT, gpu_kernels_in_force
 
-    specs = gpu_kernelspecs()
-    if not specs:
-        return [Check("GPU kernels", OK, "no GPU kernelspecs (optional)",
-                      "add one: jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h --user")]
-    config = server_config()
+    kernels = gpu_kernels_in_force()
+    if not kernels:
+        return [Check("GPU kernels", OK, "no GPU kernelspecs (optional)", f"add one: {INSTALL_HINT}")]
     rows = []
-    for name, info in specs.items():
-        try:
-            s = settings_in_force(info["spec"], config)
-        except GPUKernelStartError as err:
-            rows.append(Check("GPU kernels", FAIL, f"{name}: {err}",
+    for name, info, s in kernels:
+        if isinstance(s, Exception):
+            rows.append(Check("GPU kernels", FAIL, f"{name}: {s}",
                               f"reinstall it: jupyter gpujobs kernelspec install --name {name} ..."))
             continue
         gpus = f"{s['gpus']}x{s['gpu_type']}" if s["gpu_type"] else f"{s['gpus']} GPU(s)"

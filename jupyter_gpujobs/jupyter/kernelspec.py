@@ -26,6 +26,8 @@ from ..model import InvalidInput, format_duration, parse_duration, parse_gpu_cou
 from .provisioner import PROVISIONER_NAME
 
 _NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
+#: How to add a first GPU kernelspec (said where none is installed).
+INSTALL_HINT = "jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h --user"
 
 
 def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type: str | None = None,
@@ -148,21 +150,32 @@ def settings_in_force(spec: dict[str, Any], config: Any = None) -> dict[str, Any
     return GPUKernelProvisioner(config=config, **cfg)._settings()
 
 
-def list_specs(args: argparse.Namespace) -> int:
-    specs = gpu_kernelspecs()
-    if not specs:
-        print("no GPU kernelspecs; add one with: jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 "
-              "--time 4h --user")
-        return 0
+def gpu_kernels_in_force() -> list[tuple[str, dict[str, Any], dict[str, Any] | Exception]]:
+    """Every installed GPU kernelspec as (name, {"resource_dir", "spec"}, the request its kernels
+    make, from `settings_in_force`), or in third place the GPUKernelStartError naming its bad
+    value. For `kernelspec list` and `doctor`."""
     from .provisioner import GPUKernelStartError
 
-    config = server_config()
-    rows = []
+    specs = gpu_kernelspecs()
+    config = server_config() if specs else None
+    out: list[tuple[str, dict[str, Any], dict[str, Any] | Exception]] = []
     for name, info in specs.items():
         try:
-            s = settings_in_force(info["spec"], config)
+            out.append((name, info, settings_in_force(info["spec"], config)))
         except GPUKernelStartError as err:
-            rows.append([name, info["spec"].get("display_name", ""), f"error: {err}", "", "", "",
+            out.append((name, info, err))
+    return out
+
+
+def list_specs(args: argparse.Namespace) -> int:
+    kernels = gpu_kernels_in_force()
+    if not kernels:
+        print(f"no GPU kernelspecs; add one with: {INSTALL_HINT}")
+        return 0
+    rows = []
+    for name, info, s in kernels:
+        if isinstance(s, Exception):
+            rows.append([name, info["spec"].get("display_name", ""), f"error: {s}", "", "", "",
                          info["resource_dir"]])
             continue
         gpus = str(s["gpus"]) + (f"x{s['gpu_type']}" if s["gpu_type"] else "")
@@ -187,4 +200,4 @@ def main(args: argparse.Namespace) -> int:
     return 2
 
 
-__all__ = ["build_spec", "gpu_kernelspecs", "install", "list_specs", "main"]
+__all__ = ["build_spec", "gpu_kernels_in_force", "gpu_kernelspecs", "install", "list_specs", "main"]
