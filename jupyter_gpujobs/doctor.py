@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .client import GPUJobsClient, GPUJobsError, find_server
-from .model import format_duration
+from .model import format_bytes, format_duration
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LAB_EXTENSION = "jupyter-gpujobs"
@@ -43,17 +43,6 @@ class Context:
     token: str | None
     client: GPUJobsClient | None = None
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "size unknown"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def check_command(ctx: Context) -> list[Check]:
@@ -143,7 +132,7 @@ def check_store(ctx: Context) -> list[Check]:
         return []
     where = f" at {store['url']}" if store.get("url") else ""
     size = store.get("size_bytes")
-    found = f"{store.get('kind')}{where}, {_size(size)}"
+    found = f"{store.get('kind')}{where}, {format_bytes(size)}"
     if size is not None and size > 2 * 1024**3:
         return [Check("store", WARN, found, "shorten c.GPUJobs.job_retention and the monitor's sample retention, "
                       "or move to PostgreSQL (c.GPUJobs.db_url)")]

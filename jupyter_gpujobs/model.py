@@ -140,6 +140,18 @@ def format_duration(seconds: float | None) -> str:
     return out
 
 
+def format_bytes(n: int | None) -> str:
+    """`1536` -> `"1.5 KiB"`; `None` -> `"size unknown"`."""
+    if n is None:
+        return "size unknown"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
 def format_relative(t: float | None, now: float, unknown: str = "-") -> str:
     """`"in 5m"`, `"3m ago"`, `"now"`, or `unknown` when there is no time."""
     if not t:

@@ -33,6 +33,7 @@ from ..model import (
     Plan,
     Policy,
     Reasons,
+    format_bytes,
     format_duration,
     resolve_cwd,
     validate_submission,
@@ -431,7 +432,7 @@ class JobService:
             log.info("gpujobs: removed the files of %d job(s) ended more than %s ago "
                      "(c.GPUJobs.job_retention): %d run dir(s), %d log(s), %s freed",
                      len(removed.jobs), format_duration(self.job_retention_s), removed.run_dirs,
-                     removed.log_files, _format_bytes(removed.bytes_freed))
+                     removed.log_files, format_bytes(removed.bytes_freed))
         if removed.kept_alive:
             log.warning("gpujobs: kept %d run dir(s) of ended jobs whose processes may still be alive: %s",
                         len(removed.kept_alive), ", ".join(str(p) for p in removed.kept_alive[:5]))
@@ -1341,15 +1342,6 @@ def redact(view: dict[str, Any]) -> dict[str, Any]:
     out["depends"] = []
     out["private"] = True
     return out
-
-
-def _format_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 __all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable", "EXTERNAL_KINDS"]
