@@ -156,7 +156,8 @@ def check_lab_extension(ctx: Context) -> list[Check]:
                 disabled = json.load(f).get("disabledExtensions") or {}
         except (OSError, ValueError):
             continue
-        if disabled.get(LAB_EXTENSION) or (isinstance(disabled, list) and LAB_EXTENSION in disabled):
+        # {"name": true} as JupyterLab writes it; a list in older page configs
+        if LAB_EXTENSION in disabled if isinstance(disabled, list) else disabled.get(LAB_EXTENSION):
             return [Check("lab extension", FAIL, f"{LAB_EXTENSION} is disabled in {path}",
                           f"jupyter labextension enable {LAB_EXTENSION}")]
     return [Check("lab extension", OK, f"{LAB_EXTENSION} enabled ({os.path.join(where, LAB_EXTENSION)})")]

@@ -84,3 +84,22 @@ def test_a_reader_that_stops_early_gets_no_traceback(server: Any, args: list[str
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert err == ""
+
+
+@pytest.mark.parametrize("disabled", [{"jupyter-gpujobs": True}, ["jupyter-gpujobs"]])
+def test_doctor_finds_the_panel_disabled(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, disabled: Any) -> None:
+    """A lab extension disabled in a page config, in JupyterLab's form or the older list form."""
+    from jupyter_gpujobs.doctor import Context, check_lab_extension
+
+    (tmp_path / "data" / "labextensions" / "jupyter-gpujobs").mkdir(parents=True)
+    (tmp_path / "data" / "labextensions" / "jupyter-gpujobs" / "package.json").write_text("{}")
+    (tmp_path / "config" / "labconfig").mkdir(parents=True)
+    page_config = tmp_path / "config" / "labconfig" / "page_config.json"
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "data"))
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", str(tmp_path / "config"))
+    page_config.write_text(json.dumps({"disabledExtensions": {}}))
+    assert [c.status for c in check_lab_extension(Context(None, None))] == ["ok"]
+    page_config.write_text(json.dumps({"disabledExtensions": disabled}))
+    [check] = check_lab_extension(Context(None, None))
+    assert check.status == "fail" and check.found == f"jupyter-gpujobs is disabled in {page_config}"
+    assert check.todo == "jupyter labextension enable jupyter-gpujobs"
