@@ -219,6 +219,20 @@ def check_plain_text(value: str, field_name: str) -> None:
                                        f"{bad.start()}; use printable text")
 
 
+#: How long a reason given with an action (ending a job, draining a GPU) may be.
+MAX_REASON = 2000
+
+
+def parse_reason(value: Any, field_name: str = "reason") -> str:
+    """The free-text reason of an action: a string of at most MAX_REASON characters without NUL
+    (None or "" -> "")."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_REASON or "\x00" in value:
+        raise InvalidInput(field_name, f"expected a string of at most {MAX_REASON} characters")
+    return value
+
+
 def parse_priority(value: Any, field_name: str = "priority") -> str:
     if not isinstance(value, str) or value.strip().lower() not in PRIORITY_RANK:
         raise InvalidInput(field_name, f"unknown priority {value!r}; choose one of {', '.join(PRIORITIES)}")

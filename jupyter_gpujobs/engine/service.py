@@ -33,8 +33,10 @@ from ..model import (
     Plan,
     Policy,
     Reasons,
+    check_plain_text,
     format_bytes,
     format_duration,
+    parse_reason,
     resolve_cwd,
     validate_submission,
 )
@@ -76,6 +78,8 @@ _OUTCOME_STATE = {
 #: Kinds whose process the engine does not start: it only allocates GPUs (a kernel is
 #: launched by the kernel provisioner once its job runs).
 EXTERNAL_KINDS = ("kernel",)
+#: How the front end of such a job may say it ended (`finish_external`).
+END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -813,15 +817,20 @@ class JobService:
         except asyncio.TimeoutError:
             return self.get(job_id)
 
-    def finish_external(self, job_id: int, user: str, state: JobState, reason: str) -> Job:
-        """The end of a job the engine did not launch (a kernel): shut down, crashed, idle."""
+    def finish_external(self, job_id: int, user: str, state: Any = "COMPLETED", reason: Any = None) -> Job:
+        """The end of a job the engine did not launch (a kernel): shut down, crashed, idle.
+        `state`: COMPLETED, FAILED, CANCELLED or TIMEOUT; `reason` defaults to the state."""
+        if not isinstance(state, str) or state.upper() not in END_STATES:
+            raise InvalidInput("state", f"cannot end a job as {str(state)[:40]!r}; expected {', '.join(END_STATES)}")
+        end = JobState(state.upper())
+        reason = parse_reason(reason) or end.value.lower()
         job = self.get(job_id)
         self.check_owner(job, user)
         if job.kind not in EXTERNAL_KINDS:
             raise InvalidInput("kind", f"job {job_id} is a {job.kind} job; cancel it instead")
         if job.state.is_final:
             return job
-        return self._set_state(job_id, state, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
+        return self._set_state(job_id, end, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
 
     def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024) -> tuple[str, int, bool]:
         """(text, next offset, job ended) from a job's log file."""
@@ -846,11 +855,25 @@ class JobService:
         done = job.state.is_final and len(data) < max_bytes
         return data[:cut].decode("utf-8", errors="replace"), offset + cut, done
 
-    def set_quota(self, actor: str, scope: str, name: str, quota: dict[str, Any] | None) -> None:
+    def set_quota(self, actor: str, scope: Any, name: Any, quota: Any) -> None:
+        """An admin sets (a dict as in c.GPUJobs.user_quotas) or clears (None) the quota of a user
+        (`scope` "users") or group ("groups"); stored, so it outlives restarts."""
         if not self.is_admin(actor):
             raise PermissionDenied("only admins may change quotas")
         if scope not in ("users", "groups"):
             raise InvalidInput("scope", "expected 'users' or 'groups'")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidInput("name", "expected the user or group name")
+        check_plain_text(name, "name")
+        if quota is not None:
+            from traitlets import TraitError
+
+            from ..config import _quota
+
+            try:
+                _quota("quota", quota)
+            except TraitError as err:
+                raise InvalidInput("quota", str(err)) from None
         now = self.clock()
         self.store.set_quota(scope, name, quota, actor, now)  # stored first: it survives restarts
         if quota is None:

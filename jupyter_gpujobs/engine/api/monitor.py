@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ...model import MAX_ID, InvalidInput, parse_id
+from ...model import MAX_ID, InvalidInput, parse_id, parse_reason
 from ..monitor.diagnosis import KINDS
 from ..monitor.usage import heatmap_report, time_range, usage_report
 from .handlers import API, JOB_ID, ApiError, GPUJobsHandler
@@ -109,9 +109,7 @@ def gpu_action(handler: GPUJobsHandler, flag: str, default_host: str) -> tuple[s
     value = body.get(flag, True)
     if not isinstance(value, bool):
         raise ApiError(400, flag, "expected true or false")
-    reason = body.get("reason") or ""
-    if not isinstance(reason, str) or len(reason) > 2000 or "\x00" in reason:
-        raise ApiError(400, "reason", "expected a string of at most 2000 characters")
+    reason = parse_reason(body.get("reason"))
     if not any(g["host"] == host and g["index"] == gpu for g in handler.service.gpu_views()):
         raise ApiError(404, "gpu", f"no GPU {gpu} on {host}")
     return host, gpu, value, reason
