@@ -543,11 +543,6 @@ class JobService:
         owner = job["user"] if isinstance(job, dict) else job.user
         return viewer is None or not self.private_data or viewer == owner or self.is_admin(viewer)
 
-    def check_may_see(self, job: Job, viewer: str | None) -> None:
-        if not self.may_see(job, viewer):
-            raise PermissionDenied(f"job {job.id} belongs to {job.user}; its details are private "
-                                   "(only its owner and admins see them)")
-
     def view(self, job: Job, viewer: str | None = None) -> dict[str, Any]:
         """A job as the API shows it (with its queue position, reason and expected start).
         A stored copy of an active job is shown as the engine knows it now. To a `viewer` who
@@ -587,6 +582,20 @@ class JobService:
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
+
+    def get_private(self, job_id: int, viewer: str | None) -> Job:
+        """A job whose private data (log, events, stats) `viewer` may see; PermissionDenied
+        when it is another's and private (see `may_see`)."""
+        job = self.get(job_id)
+        if not self.may_see(job, viewer):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; its details are private "
+                                   "(only its owner and admins see them)")
+        return job
+
+    def events(self, job_id: int, viewer: str | None = None) -> list[dict[str, Any]]:
+        """A job's events, oldest first, to a `viewer` who may see them."""
+        self.get_private(job_id, viewer)
+        return self.store.events(job_id=job_id)
 
     def _in_queue_order(self) -> Iterator[Job]:
         """Pending jobs in scheduling order, the jobs no cycle has placed yet last (by id).
@@ -832,9 +841,10 @@ class JobService:
             return job
         return self._set_state(job_id, end, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
 
-    def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024) -> tuple[str, int, bool]:
-        """(text, next offset, job ended) from a job's log file."""
-        job = self.get(job_id)
+    def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024,
+                 viewer: str | None = None) -> tuple[str, int, bool]:
+        """(text, next offset, job ended) from a job's log file, to a `viewer` who may see it."""
+        job = self.get_private(job_id, viewer)
         path = self.store.log_path(job_id)
         if self._log_removed(job, path):
             raise LogRemoved(f"the log of job {job_id} was removed after the {format_duration(self.job_retention_s)} "

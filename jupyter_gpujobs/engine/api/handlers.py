@@ -299,8 +299,7 @@ class JobLogHandler(GPUJobsHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         offset = self.int_arg("offset", 0) or 0
-        self.service.check_may_see(self.service.get(self.job_id(job_id)), self.owner)
-        data, nxt, done = self.service.read_log(self.job_id(job_id), offset)
+        data, nxt, done = self.service.read_log(self.job_id(job_id), offset, viewer=self.owner)
         self.reply({"offset": nxt, "data": data, "done": done})
 
 
@@ -308,9 +307,7 @@ class JobEventsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        jid = self.job_id(job_id)
-        self.service.check_may_see(self.service.get(jid), self.owner)
-        self.reply({"events": self.service.store.events(job_id=jid)})
+        self.reply({"events": self.service.events(self.job_id(job_id), self.owner)})
 
 
 class QueueHandler(GPUJobsHandler):

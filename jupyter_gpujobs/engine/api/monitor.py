@@ -156,9 +156,7 @@ class JobStatsHandler(MonitorHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        job = self.service.get(self.job_id(job_id))
-        self.service.check_may_see(job, self.owner)
-        self.reply(self.monitor.job_stats(job))
+        self.reply(self.monitor.job_stats(self.service.get_private(self.job_id(job_id), self.owner)))
 
 
 class UsageHandler(MonitorHandler):
