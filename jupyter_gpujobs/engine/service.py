@@ -616,6 +616,12 @@ class JobService:
         """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
         return list(self._in_queue_order())
 
+    def queue_state(self) -> tuple[Any, ...]:
+        """What the pages of the queue depend on, cheap to compare: the last plan (compare it by
+        identity), how many jobs wait and the newest of them, how many run. While it is the
+        same, so is every `queue_page`."""
+        return self._plan, len(self._pending), next(reversed(self._pending), None), len(self._running)
+
     def queue_page(self, offset: int, limit: int, user: str | None = None) -> tuple[list[Job], int]:
         """Jobs `offset` to `offset + limit` of `queue()` (of `user`'s jobs only, when given)
         and how many there are in all."""

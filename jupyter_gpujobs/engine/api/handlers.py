@@ -328,8 +328,7 @@ class QueueHandler(GPUJobsHandler):
         offset = self.int_arg("offset", 0) or 0
         user = self.text_arg("user")
         service = self.service
-        pending = service._pending
-        state = (service._plan, len(pending), next(reversed(pending), None), len(service._running))
+        state = service.queue_state()
         cache: dict[tuple[Any, ...], tuple[float, tuple[Any, ...], bytes]] = self.settings.setdefault(
             "gpujobs_queue_pages", {})
         viewer = self.owner
