@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_core.application import JupyterApp
 from traitlets import Unicode
@@ -33,13 +33,16 @@ from .runners import make_runner
 from .service import JobService
 from .store import Store, default_url
 
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
 DEFAULT_STATE_DIR = "/var/lib/jupyter-gpujobs"
 
 
 def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir: Path,
                  job_env: dict[str, str], admin_users: set[str], private_data: bool,
-                 admin_group: str | None = None) -> tuple[JobService, Any]:
-    """(JobService, Monitor or None) for one engine. `job_env` gets what jobs need to find it
+                 admin_group: str | None = None) -> tuple[JobService, Monitor]:
+    """(JobService, Monitor) for one engine. `job_env` gets what jobs need to find it
     (and, on fake GPUs, the fleet name)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.db_url or default_url(data_dir))
@@ -100,7 +103,7 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     return service, monitor
 
 
-def engine_settings(service: JobService, monitor: Any, identity: str, unix_user: str,
+def engine_settings(service: JobService, monitor: Monitor, identity: str, unix_user: str,
                     max_body: int) -> dict[str, Any]:
     """The tornado settings the gpujobs handlers read."""
     return {
@@ -120,7 +123,8 @@ def describe(service: JobService) -> str:
     owner = ("claimed" if claim is None or claim.held
              else f"NOT claimed: {claim.refusal()}")
     return (f"{len(gpus)} GPU(s) via {service.gpus.name} ({models}), {owner}; "
-            f"store {_safe_url(service.store.url)}; isolation: {service.isolation}")
+            f"store {service.store.engine.url.render_as_string(hide_password=True).split('?')[0]}; "
+            f"isolation: {service.isolation}")
 
 
 def _jobs_run_as(service: JobService) -> str:
@@ -129,18 +133,14 @@ def _jobs_run_as(service: JobService) -> str:
     return "their owners"
 
 
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True).split("?")[0]
-    except Exception:
-        return url.split("@")[-1].split("?")[0]
+async def start_engine(service: JobService, monitor: Monitor) -> None:
+    """Start the engine's loops (once the event loop runs)."""
+    await service.start()
+    await monitor.start()
 
 
-async def stop_engine(service: JobService, monitor: Any) -> None:
-    if monitor is not None:
-        await monitor.stop()
+async def stop_engine(service: JobService, monitor: Monitor) -> None:
+    await monitor.stop()
     await service.stop()
     service.store.close()
     service.gpus.close()
@@ -234,8 +234,7 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
         )
         server = HTTPServer(app, xheaders=False)
         server.add_sockets([bind_unix_socket(path, mode=0o666)])
-        await service.start()
-        await monitor.start()
+        await start_engine(service, monitor)
         self.log.info("gpujobs shared engine: %s; socket %s (any local user, known by uid; admins: root%s); "
                       "jobs run as %s; private data %s; pid %d",
                       describe(service), path, f" and group {cfg.admin_group}" if cfg.admin_group else "",

@@ -20,7 +20,7 @@ from traitlets import Any, Instance, Unicode
 
 from ..config import GPUJobs
 from ..engine.api.handlers import HANDLERS
-from ..engine.app import build_engine, describe, engine_settings, stop_engine
+from ..engine.app import build_engine, describe, engine_settings, start_engine, stop_engine
 from ..engine.service import JobService
 
 
@@ -97,9 +97,7 @@ class GPUJobsApp(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
         if self.service is not None:
-            await self.service.start()
-            if self.monitor is not None:
-                await self.monitor.start()
+            await start_engine(self.service, self.monitor)
         from .provisioner import start_reconciler
 
         start_reconciler(self.log)  # end the jobs of GPU kernels that did not survive a restart
