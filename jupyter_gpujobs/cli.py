@@ -350,8 +350,7 @@ def run(argv: Sequence[str]) -> int:
             print(format_jobs([job], time.time()))
             print("command: " + safe_text(shlex.join(job.get("command") or [])))
             for e in client.events(args.id):
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
-                print(safe_text(f"  {stamp}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
+                print(safe_text(f"  {_when(e['time'])}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":
         failed = 0
         for job_id in args.ids:
