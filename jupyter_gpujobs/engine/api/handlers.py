@@ -389,7 +389,7 @@ class InfoHandler(GPUJobsHandler):
             "gpus": len(gpus),
             "gpu_models": sorted({g["name"] for g in gpus}),
             "store": store,
-            "isolation": getattr(self.service, "isolation", None),
+            "isolation": self.service.isolation,
             # on fake GPUs: the name a process puts in GPUJOBS_FAKE_FLEET to be on this engine's
             # GPUs only (engine/gpus/fake.py); a demo's hand-made "rogue" uses it
             "fake_fleet": getattr(self.service.gpus, "fleet", None),
