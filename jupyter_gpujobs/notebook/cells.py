@@ -89,7 +89,7 @@ def load_error(folder: Path) -> dict[str, Any] | None:
 def cell_folder_of(job: dict[str, Any]) -> Path | None:
     """The cell folder of a `cell` job (the last word of its command)."""
     command = job.get("command") or []
-    if job.get("kind") == "cell" and len(command) >= 3 and command[-2] == "jupyter_gpujobs.notebook.cell_job":
+    if job.get("kind") == "cell" and len(command) >= 3 and command[-2] == cell_job.__name__:
         return Path(command[-1])
     return None
 

@@ -394,7 +394,7 @@ class GPUJobMagics(Magics):
         folder = self._write_folder(cwd, line, cell, {name: user_ns[name] for name in push}, pull)
         body.setdefault("name", _default_name())
         body["env"] = {"PYTHONUNBUFFERED": "1", **body.get("env", {})}
-        command = [sys.executable, "-m", "jupyter_gpujobs.notebook.cell_job", str(folder)]
+        command = [sys.executable, "-m", cell_job.__name__, str(folder)]
         try:
             job = _submit(client, client.submit, command, kind="cell", cwd=cwd, **body)
         except BaseException:
