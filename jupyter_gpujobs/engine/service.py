@@ -938,6 +938,14 @@ class JobService:
             return
         self.broadcast({"type": "job", "job": self.view(job), "event": event})
 
+    def job_message_for(self, message: dict[str, Any], viewer: str | None) -> dict[str, Any]:
+        """A `{"type": "job"}` broadcast as `viewer` may see it: another's private job as its
+        queue view (`redact`), its event without its data."""
+        if self.may_see(message["job"], viewer):
+            return message
+        event = {k: message["event"].get(k) for k in ("job_id", "time", "state", "actor", "reason")}
+        return {**message, "job": redact(message["job"]), "event": {**event, "data": {}}}
+
     def broadcast(self, message: dict[str, Any]) -> None:
         """Hand a message (`{"type": ...}`) to every listener: the events websockets, which
         decide who may see it, and the monitor. The monitor's findings go out this way."""

@@ -24,7 +24,7 @@ from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
-from ..service import JobService, NotFound, PermissionDenied, StoreUnavailable, redact
+from ..service import JobService, NotFound, PermissionDenied, StoreUnavailable
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
@@ -472,9 +472,8 @@ class EventsHandler(AuthorizedWebSocket):
     def _send(self, message: dict[str, Any]) -> None:
         if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
             return
-        if message.get("type") == "job" and not self.service.may_see(message["job"], self._viewer):
-            event = {k: message["event"].get(k) for k in ("job_id", "time", "state", "actor", "reason")}
-            message = {**message, "job": redact(message["job"]), "event": {**event, "data": {}}}
+        if message.get("type") == "job":
+            message = self.service.job_message_for(message, self._viewer)
         try:
             self.write_message(json.dumps(message))
         except websocket.WebSocketClosedError:
