@@ -60,6 +60,16 @@ async def test_named_users_see_others_jobs_only_as_queue_views(jp_fetch: Any, en
     assert (await call(jp_fetch, "bob", "DELETE", f"jobs/{jid}"))[0] == 403
     assert (await call(jp_fetch, "boss", "DELETE", f"jobs/{jid}"))[0] == 200
 
+    # the queue: the owner asks first (the page is cached), then another user: the queue view only
+    code, later = await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 1, "name": "ann-later",
+                                                               "begin": "+1d"})
+    assert code == 201
+    queued = (await call(jp_fetch, "ann", "GET", "queue"))[1]["jobs"]
+    assert [(j["id"], j["name"]) for j in queued] == [(later["id"], "ann-later")]
+    queued = (await call(jp_fetch, "bob", "GET", "queue"))[1]["jobs"]
+    assert [(j["id"], j["user"], j["name"], j["command"], j["private"]) for j in queued] == [
+        (later["id"], "ann", None, None, True)]
+
 
 @pytest.fixture
 def gpujobs_config(gpujobs_config: dict[str, Any], request: pytest.FixtureRequest) -> dict[str, Any]:
