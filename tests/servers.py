@@ -8,6 +8,7 @@ job process left behind. The `live_server` fixture in conftest.py wraps it.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -41,6 +42,37 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll `predicate()` every 0.1 s until it returns something truthy; return that. After
+    `timeout` s, an AssertionError says that `what` did not happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.1)
+
+
+def wait_job(client: Any, job_id: int, until: Callable[[dict[str, Any]], Any] | tuple[str, ...],
+             timeout: float = 30.0) -> dict[str, Any]:
+    """Poll job `job_id` through `client` until `until(job)` holds, or, given states, until it
+    is in one of them; return the job. A timeout's message shows its state, reason and log."""
+    holds = until if callable(until) else (lambda job: job["state"] in until)
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.job(job_id)
+        if holds(job):
+            return job
+        if time.monotonic() >= deadline:
+            try:
+                log = client.log(job_id)["data"][-2000:]
+            except Exception as err:  # the message is about the job; its log is a bonus
+                log = f"(no log: {err})"
+            raise AssertionError(f"job {job_id} stayed {job['state']} ({job['reason']}) for {timeout}s; log:\n{log}")
+        time.sleep(0.1)
 
 
 def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
@@ -193,7 +225,11 @@ def live_servers(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     servers: list[LiveServer] = []
 
     def make(fake_gpus: str = FAKE_GPUS, config: dict[str, Any] | None = None, base_url: str = "/",
-             start: bool = True, extra_args: list[str] | None = None) -> LiveServer:
+             start: bool = True, extra_args: list[str] | None = None,
+             users: dict[str, str] | None = None) -> LiveServer:
+        """`config`: c.GPUJobs settings (over the short test graces and tick). `users`: token ->
+        user name, each token a named user (tests/identity.py, as under JupyterHub); the
+        server's own token is the first."""
         n = len(servers)
         root = tmp_path / f"root{n}"
         root.mkdir()
@@ -217,10 +253,16 @@ def live_servers(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
             "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
             f"--IdentityProvider.token={token}", f"--ServerApp.base_url={base_url}",
             f"--ServerApp.root_dir={root}", "--ServerApp.jpserver_extensions=jupyter_gpujobs=True",
-            f"--GPUJobs.state_dir={state}", "--GPUJobs.kill_grace=1", "--GPUJobs.preempt_grace=1",
-            "--GPUJobs.tick_interval=0.5", "--allow-root",
+            f"--GPUJobs.state_dir={state}", "--allow-root",
         ]
-        for key, value in (config or {}).items():
+        settings = {"kill_grace": 1, "preempt_grace": 1, "tick_interval": 0.5, **(config or {})}
+        if users:
+            settings = {"user_identity": "jupyter", **settings}
+            args += ["--ServerApp.identity_provider_class=identity.TokenUsers",
+                     f"--TokenUsers.users={json.dumps(users)}"]
+            env["PYTHONPATH"] = str(Path(__file__).parent) + os.pathsep + env.get("PYTHONPATH", "")
+            token = next(iter(users))
+        for key, value in settings.items():
             args.append(f"--GPUJobs.{key}={value}")
         args += extra_args or []
         server = LiveServer(root=root, state_dir=state, port=port, token=token, base_url=base_url, env=env,

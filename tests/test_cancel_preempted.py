@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servers import wait_job
+
 from jupyter_gpujobs.client import GPUJobsClient
 
 PY = sys.executable
-TESTS = Path(__file__).parent
 
 #: Ignores SIGTERM (so it lives through the whole grace); a second run would say so.
 STUBBORN = """
@@ -33,46 +34,26 @@ time.sleep(120)
 """
 
 
-def _wait(client: GPUJobsClient, job_id: int, pred: Any, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.job(job_id)
-        if pred(job):
-            return job
-        assert time.monotonic() < deadline, (job["state"], job["reason"], client.log(job_id)["data"])
-        time.sleep(0.1)
-
-
 def test_cancel_during_the_preemption_grace_wins(live_server: Any, tmp_path: Path) -> None:
-    users = {"tok-alice": "alice", "tok-bob": "bob"}
-    server = live_server(
-        fake_gpus="2xA100",
-        config={"user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
-                "preempt_min_runtime": 0},
-        extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
-                    f"--TokenUsers.users={json.dumps(users)}"],
-        start=False,
-    )
-    server.args[server.args.index("--GPUJobs.preempt_grace=1")] = "--GPUJobs.preempt_grace=6"
-    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
-    server.token = "tok-bob"
-    server.start()
+    server = live_server(fake_gpus="2xA100", users={"tok-bob": "bob", "tok-alice": "alice"},
+                         config={"user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
+                                 "preempt_min_runtime": 0, "preempt_grace": 6})
     bob = GPUJobsClient(url=server.url, token="tok-bob")
     alice = GPUJobsClient(url=server.url, token="tok-alice")
 
     first = bob.submit([PY, "-c", "import time; time.sleep(60)"], gpus=1, name="steady")
-    _wait(bob, first["id"], lambda j: j["state"] == "RUNNING")
+    wait_job(bob, first["id"], lambda j: j["state"] == "RUNNING")
     victim = bob.submit([PY, "-c", STUBBORN, str(tmp_path / "marker")], gpus=1, name="borrower")
-    assert _wait(bob, victim["id"], lambda j: j["state"] == "RUNNING")["borrowed"] is True
-    _wait(bob, victim["id"], lambda j: "first run" in bob.log(j["id"])["data"])
+    assert wait_job(bob, victim["id"], lambda j: j["state"] == "RUNNING")["borrowed"] is True
+    wait_job(bob, victim["id"], lambda j: "first run" in bob.log(j["id"])["data"])
 
     alice.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1, name="guaranteed")
-    _wait(bob, victim["id"], lambda j: "got SIGTERM" in bob.log(j["id"])["data"])  # the grace runs
+    wait_job(bob, victim["id"], lambda j: "got SIGTERM" in bob.log(j["id"])["data"])  # the grace runs
     stopping = time.monotonic()
     answer = bob.cancel(victim["id"])
     assert answer["state"] in ("RUNNING", "CANCELLED")
 
-    done = _wait(bob, victim["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"), timeout=30)
+    done = wait_job(bob, victim["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"), timeout=30)
     assert done["state"] == "CANCELLED", done
     assert done["reason"] == "cancelled by bob"
     assert time.monotonic() - stopping >= 3, "it had the rest of its preemption grace"

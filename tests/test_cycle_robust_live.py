@@ -8,19 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servers import wait_job, wait_until
+
 from jupyter_gpujobs.engine.store import Store
 
 PY = sys.executable
-
-
-def _wait(pred: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_a_job_the_scheduler_cannot_handle_is_set_aside_and_the_rest_run(live_server: Any, tmp_path: Path) -> None:
@@ -37,7 +29,7 @@ def test_a_job_the_scheduler_cannot_handle_is_set_aside_and_the_rest_run(live_se
     client = server.client()
     mine = [client.submit([PY, "-c", "print('ran')"], gpus=1, name=f"ok{i}")["id"] for i in range(3)]
     for job_id in mine:
-        done = _wait(lambda job_id=job_id: (j := client.job(job_id))["state"] not in ("PENDING", "RUNNING") and j)
+        done = wait_job(client, job_id, lambda j: j["state"] not in ("PENDING", "RUNNING"))
         assert done["state"] == "COMPLETED", done
 
     view = client.job(bad.id)
@@ -49,13 +41,13 @@ def test_a_job_the_scheduler_cannot_handle_is_set_aside_and_the_rest_run(live_se
         found = client.api("GET", "findings", params={"kind": "job_set_aside", "open": "1"})["findings"]
         return next((f for f in found if f["job_id"] == bad.id), None)
 
-    f = _wait(finding, timeout=15)
+    f = wait_until(finding, timeout=15)
     assert "begin time out of range" in f["message"] and f["user"] == "mallory" and f["severity"] == "error"
     assert "set aside" in server.server_log()
 
     # an admin cancels it: it ends, and the finding closes
     assert client.cancel(bad.id)["state"] == "CANCELLED"
-    _wait(lambda: not finding(), timeout=15)
+    wait_until(lambda: not finding(), timeout=15)
     # the queue still runs
     again = client.submit([PY, "-c", "print('ran')"], gpus=1)["id"]
-    _wait(lambda: client.job(again)["state"] == "COMPLETED")
+    wait_job(client, again, ("COMPLETED",))

@@ -8,18 +8,10 @@ import sys
 import time
 from typing import Any
 
+from servers import wait_job, wait_until
+
 PY = sys.executable
 ROGUE_GPU = 5
-
-
-def _wait(pred: Any, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(live_server: Any) -> None:
@@ -36,7 +28,7 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
             j = client.job(job_id)
             return j if j["state"] != "PENDING" or j["reason"] != "waiting for the next scheduling cycle" else None
 
-        assert _wait(lambda: rogue_gpu()["foreign"] == text), rogue_gpu()
+        assert wait_until(lambda: rogue_gpu()["foreign"] == text), rogue_gpu()
         out = server.cli("gpus")
         assert out.returncode == 0 and f"busy: {text}" in out.stdout, out.stdout
 
@@ -44,7 +36,7 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
         sleeper = [PY, "-c", "import time; time.sleep(60)"]
         waiting = None
         for _ in range(6):
-            job = _wait(lambda job_id=client.submit(sleeper, gpus=1)["id"]: decided(job_id))
+            job = wait_until(lambda job_id=client.submit(sleeper, gpus=1)["id"]: decided(job_id))
             assert ROGUE_GPU not in job["assigned_gpus"]
             if job["state"] == "PENDING":
                 waiting = job
@@ -55,16 +47,16 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
         # an admin overrides: the job starts there
         out = server.cli("gpus", "--override", str(ROGUE_GPU), "--reason", "the owner said it is idle")
         assert out.returncode == 0, out.stderr
-        job = _wait(lambda: (j := client.job(waiting["id"]))["state"] == "RUNNING" and j)
+        job = wait_job(client, waiting["id"], ("RUNNING",))
         assert job["assigned_gpus"] == [ROGUE_GPU]
         client.cancel(waiting["id"])
-        _wait(lambda: client.job(waiting["id"])["state"] == "CANCELLED")
+        wait_job(client, waiting["id"], ("CANCELLED",))
 
         # ... and takes it back: the next job waits again
         out = server.cli("gpus", "--end-override", str(ROGUE_GPU))
         assert out.returncode == 0, out.stderr
         later = client.submit(sleeper, gpus=1)["id"]
-        job = _wait(lambda: decided(later))
+        job = wait_until(lambda: decided(later))
         assert job["state"] == "PENDING" and f"GPU {ROGUE_GPU} is {text}" in job["reason"], job
         time.sleep(1.5)
         assert client.job(later)["state"] == "PENDING"
@@ -72,6 +64,6 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
         rogue.kill()
         rogue.wait()
     # released: the job starts on it
-    job = _wait(lambda: (j := client.job(later))["state"] == "RUNNING" and j, timeout=15)
+    job = wait_job(client, later, ("RUNNING",), timeout=15)
     assert job["assigned_gpus"] == [ROGUE_GPU]
     assert rogue_gpu()["foreign"] is None and rogue_gpu()["foreign_override"] is None

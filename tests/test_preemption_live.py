@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from servers import wait_job
 
 from jupyter_gpujobs.client import GPUJobsClient
 
 PY = sys.executable
-TESTS = Path(__file__).parent
 
 VICTIM = """
 import os, signal, sys, time
@@ -31,48 +31,29 @@ time.sleep(60)
 """
 
 
-def _wait(client: GPUJobsClient, job_id: int, pred: Any, timeout: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.job(job_id)
-        if pred(job):
-            return job
-        assert time.monotonic() < deadline, (job["state"], job["reason"], client.log(job_id)["data"])
-        time.sleep(0.1)
+def _alice_and_bob(live_server: Any, config: dict[str, Any]) -> tuple[GPUJobsClient, GPUJobsClient]:
+    """Clients of alice and bob on a server of 2 GPUs with these settings."""
+    server = live_server(fake_gpus="2xA100", config=config, users={"tok-bob": "bob", "tok-alice": "alice"})
+    return GPUJobsClient(url=server.url, token="tok-alice"), GPUJobsClient(url=server.url, token="tok-bob")
 
 
 def test_borrowed_job_is_preempted_and_requeued(live_server: Any, tmp_path: Path) -> None:
-    users = {"tok-alice": "alice", "tok-bob": "bob"}
-    server = live_server(
-        fake_gpus="2xA100",
-        config={"user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
-                "preempt_min_runtime": 0},
-        extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
-                    f"--TokenUsers.users={json.dumps(users)}"],
-        start=False,
-    )
-    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
-    server.token = "tok-bob"
-    server.start()
-    bob = GPUJobsClient(url=server.url, token="tok-bob")
-    alice = GPUJobsClient(url=server.url, token="tok-alice")
+    alice, bob = _alice_and_bob(live_server, {"user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
+                                              "preempt_min_runtime": 0})
     assert bob.whoami()["user"] == "bob" and alice.whoami()["user"] == "alice"
 
     first = bob.submit([PY, "-c", "import time; time.sleep(8)"], gpus=1, name="steady")
-    _wait(bob, first["id"], lambda j: j["state"] == "RUNNING")
+    wait_job(bob, first["id"], lambda j: j["state"] == "RUNNING")
     victim = bob.submit([PY, "-c", VICTIM, str(tmp_path / "marker")], gpus=1, name="borrower")
-    v = _wait(bob, victim["id"], lambda j: j["state"] == "RUNNING")
+    v = wait_job(bob, victim["id"], lambda j: j["state"] == "RUNNING")
     assert v["borrowed"] is True
-    deadline = time.monotonic() + 20
-    while "first run" not in bob.log(victim["id"])["data"]:  # it really runs before it is reclaimed
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_job(bob, victim["id"], lambda j: "first run" in bob.log(j["id"])["data"])  # it runs before it is reclaimed
 
     mine = alice.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1, name="guaranteed")
-    requeued = _wait(bob, victim["id"], lambda j: j["state"] == "PENDING" or j.get("restarts", 0) > 0)
+    requeued = wait_job(bob, victim["id"], lambda j: j["state"] == "PENDING" or j.get("restarts", 0) > 0)
     assert f"preempted by job {mine['id']}" in requeued["reason"] or requeued["restarts"] == 1
 
-    done = _wait(bob, victim["id"], lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=40)
+    done = wait_job(bob, victim["id"], lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=40)
     assert done["state"] == "COMPLETED"
     assert alice.job(mine["id"])["state"] == "COMPLETED"
     assert bob.job(first["id"])["state"] in ("RUNNING", "COMPLETED"), "the older job lost no work"
@@ -97,19 +78,6 @@ time.sleep(60 if first else 4)
 """
 
 
-def _servers_with_users(live_server: Any, config: dict[str, Any]) -> tuple[Any, GPUJobsClient, GPUJobsClient]:
-    users = {"tok-alice": "alice", "tok-bob": "bob"}
-    server = live_server(fake_gpus="2xA100", config=config, start=False,
-                         extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
-                                     f"--TokenUsers.users={json.dumps(users)}"])
-    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
-    if "preempt_grace" in config:  # instead of the test servers' 1 s
-        server.args.remove("--GPUJobs.preempt_grace=1")
-    server.token = "tok-bob"
-    server.start()
-    return server, GPUJobsClient(url=server.url, token="tok-alice"), GPUJobsClient(url=server.url, token="tok-bob")
-
-
 def test_victims_that_ignore_sigterm_are_stopped_once_and_their_gpus_go_to_the_preemptor(
         live_server: Any, tmp_path: Path) -> None:
     """No ping-pong: bob's borrowed jobs ignore SIGTERM and are older than alice's job, so in
@@ -117,23 +85,23 @@ def test_victims_that_ignore_sigterm_are_stopped_once_and_their_gpus_go_to_the_p
     once their grace is over (not after they restart and are preempted again), and each of
     them restarts once, after her job."""
     grace = 3
-    _, alice, bob = _servers_with_users(live_server, {
-        "user_identity": "jupyter", "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
+    alice, bob = _alice_and_bob(live_server, {
+        "user_quotas": json.dumps({"alice": {"guaranteed_gpus": 2}}),
         "fairshare": False, "weight_size": 0, "preempt_grace": grace, "preempt_min_runtime": 0})
     victims = [bob.submit([PY, "-c", STUBBORN, str(tmp_path / f"marker{i}")], gpus=1, name=f"borrower{i}")["id"]
                for i in range(2)]
     for v in victims:
-        assert _wait(bob, v, lambda j: j["state"] == "RUNNING")["borrowed"] is True
-        _wait(bob, v, lambda j: "run" in bob.log(j["id"])["data"])
+        assert wait_job(bob, v, lambda j: j["state"] == "RUNNING")["borrowed"] is True
+        wait_job(bob, v, lambda j: "run" in bob.log(j["id"])["data"])
 
     mine = alice.submit([PY, "-c", "import time; time.sleep(3)"], gpus=2, name="guaranteed")["id"]
-    started = _wait(alice, mine, lambda j: j["state"] != "PENDING", timeout=60)
+    started = wait_job(alice, mine, lambda j: j["state"] != "PENDING", timeout=60)
     waited = started["started_at"] - started["submitted_at"]
     assert grace - 0.5 <= waited <= grace + 5, f"the preemptor waited {waited:.1f}s for a {grace}s grace"
     assert started["state"] in ("RUNNING", "COMPLETED")
 
     for v in victims:
-        done = _wait(bob, v, lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=60)
+        done = wait_job(bob, v, lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=60)
         assert done["state"] == "COMPLETED" and done["restarts"] == 1, done
         runs = [e for e in bob.events(v) if e["state"] == "RUNNING"]
         assert len(runs) == 2 and runs[1]["time"] >= started["started_at"], "restarted after the preemptor"

@@ -7,19 +7,9 @@ import sys
 import time
 from typing import Any
 
-from servers import supervisors_under
+from servers import supervisors_under, wait_job
 
 PY = sys.executable
-
-
-def _wait(client: Any, job_id: int, states: tuple[str, ...], timeout: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.job(job_id)
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} stayed {job['state']}"
-        time.sleep(0.1)
 
 
 def test_job_survives_server_sigkill(live_server: Any, tmp_path: Any) -> None:
@@ -33,7 +23,7 @@ def test_job_survives_server_sigkill(live_server: Any, tmp_path: Any) -> None:
         "print('done', flush=True)\n"
     )
     job = client.submit([PY, "-c", code], gpus=1, time_limit="5m")
-    running = _wait(client, job["id"], ("RUNNING",))
+    running = wait_job(client, job["id"], ("RUNNING",))
     held = running["assigned_gpus"]
     time.sleep(0.6)
 
@@ -55,7 +45,7 @@ def test_job_survives_server_sigkill(live_server: Any, tmp_path: Any) -> None:
     assert running_others[0]["assigned_gpus"] != held
 
     release.write_text("go")
-    final = _wait(client, job["id"], ("COMPLETED", "FAILED", "LOST"))
+    final = wait_job(client, job["id"], ("COMPLETED", "FAILED", "LOST"))
     assert final["state"] == "COMPLETED", final
     lines = client.log(job["id"])["data"].splitlines()
     assert lines[-1] == "done"
@@ -71,7 +61,7 @@ def test_vanished_supervisor_is_lost(live_server: Any) -> None:
     server = live_server(fake_gpus="1xA100")
     client = server.client()
     job = client.submit([PY, "-c", "import time; time.sleep(60)"], gpus=1)
-    _wait(client, job["id"], ("RUNNING",))
+    wait_job(client, job["id"], ("RUNNING",))
     server.kill()
     # the machine "reboots": every process of the job is gone, its supervisor first (one taken
     # from the standby pool names no run on its command line: found by its working directory)
@@ -87,4 +77,4 @@ def test_vanished_supervisor_is_lost(live_server: Any) -> None:
     assert lost["state"] == "LOST"
     assert "vanished" in lost["reason"] or "supervisor" in lost["reason"]
     nxt = client.submit([PY, "-c", "pass"], gpus=1)
-    assert _wait(client, nxt["id"], ("COMPLETED",))["assigned_gpus"] == [0]
+    assert wait_job(client, nxt["id"], ("COMPLETED",))["assigned_gpus"] == [0]

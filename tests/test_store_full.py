@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from crash_harness import fill, mount_tmpfs
+from servers import wait_job
 
 PY = sys.executable
 
@@ -44,23 +45,13 @@ def _post_job(server: Any, body: dict[str, Any]) -> httpx.Response:
                       headers={"Authorization": f"token {server.token}"})
 
 
-def _wait(client: Any, job_id: int, pred: Any, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.job(job_id)
-        if pred(job):
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-
-
 def test_a_full_disk_is_said_once_and_loses_no_result(small_state_disk: Any) -> None:
     server = small_state_disk
     client = server.client()
     started = server.root / "started"  # outside the small disk
     ending = client.submit([PY, "-c", f"import time; open({str(started)!r}, 'w').close(); time.sleep(3)"], gpus=1,
                            name="ends while the disk is full")
-    _wait(client, ending["id"], lambda j: j["state"] == "RUNNING" and started.exists())
+    wait_job(client, ending["id"], lambda j: j["state"] == "RUNNING" and started.exists())
     log_before = server.server_log().count("\n")
 
     filler = fill(server.state_dir)
@@ -81,11 +72,11 @@ def test_a_full_disk_is_said_once_and_loses_no_result(small_state_disk: Any) -> 
     assert not any("Traceback" in line for line in logged), "\n".join(logged)
 
     filler.unlink()  # space returns
-    done = _wait(client, ending["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"))
+    done = wait_job(client, ending["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"))
     assert done["state"] == "COMPLETED", done
     assert done["exit_code"] == 0
     later = client.submit([PY, "-c", "print('after')"], gpus=1)
-    assert _wait(client, later["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"))["state"] == "COMPLETED"
+    assert wait_job(client, later["id"], lambda j: j["state"] not in ("RUNNING", "PENDING"))["state"] == "COMPLETED"
     assert "writable again" in server.server_log()
 
 
@@ -94,7 +85,7 @@ def test_a_read_only_store_refuses_writes_with_503_and_still_answers_reads(live_
     server = live_server(fake_gpus="1xA100")
     client = server.client()
     job = client.submit([PY, "-c", "pass"], gpus=1)
-    _wait(client, job["id"], lambda j: j["state"] == "COMPLETED")
+    wait_job(client, job["id"], lambda j: j["state"] == "COMPLETED")
     server.stop()
     db = server.state_dir / "gpujobs.sqlite"
     # the same database, opened read-only (as on a read-only mount or replica)
