@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from jupyter_gpujobs.engine.scheduler import schedule
 from jupyter_gpujobs.engine.scheduler.quotas import Quotas
-from jupyter_gpujobs.model import Policy, Quota
+from jupyter_gpujobs.model import GPU, Job, Policy, Quota
 
 GOOD = {"command": ["python", "-c", "pass"], "gpus": 1, "begin": "+1d"}  # stored, kept waiting
 
@@ -45,6 +46,13 @@ async def test_a_job_that_can_never_run_is_refused(api: Any, engine: Any, body: 
     assert json.dumps(job)
 
 
+def _starts_alone(pol: Policy, user: str, group: str | None, gpus: int, urgent: bool, total: int) -> bool:
+    """Whether the scheduler starts such a job on `total` idle GPUs with nothing else queued."""
+    job = Job(id=1, user=user, group=group, gpus=gpus, priority="urgent" if urgent else "normal")
+    plan = schedule(0.0, [job], [], [GPU(i, f"u{i}", "A100") for i in range(total)], pol)
+    return [s.job_id for s in plan.starts] == [1]
+
+
 def test_never_starts_reads_the_scheduler_caps() -> None:
     pol = Policy(urgent_reserve_gpus=2, user_quotas={"eve": Quota(max_running_jobs=0)},
                  group_quotas={"fixed": Quota(guaranteed_gpus=2, max_gpus=6, elastic=False)})
@@ -57,5 +65,12 @@ def test_never_starts_reads_the_scheduler_caps() -> None:
     assert q.never_starts("bob", "fixed", 3, 3600, True, 8)[1].startswith("asked for 3 GPUs but group fixed "
                                                                           "may use at most 2")
     assert q.never_starts("eve", None, 1, 3600, False, 4) == ("gpus", "user eve may run no jobs")
+    # what it refuses, the scheduler would never start, even alone on idle GPUs; what it lets
+    # through, the scheduler starts there
+    for user, group, gpus, urgent, total in [("bob", None, 2, False, 4), ("bob", None, 3, False, 4),
+                                             ("bob", None, 3, True, 4), ("bob", "fixed", 3, True, 8),
+                                             ("bob", "fixed", 2, False, 8), ("eve", None, 1, False, 4)]:
+        refused = q.never_starts(user, group, gpus, 3600, urgent, total) is not None
+        assert _starts_alone(pol, user, group, gpus, urgent, total) is not refused, (user, group, gpus, urgent)
     assert q.never_starts("bob", None, 1, 8 * 86400, False, 4) == (
         "time_limit", "8d is over the maximum of 7d for this server")

@@ -153,8 +153,8 @@ class _Cycle:
         self.claimed: dict[str, int] = {}
         self.expected: dict[int, float | None] = self.plan.expected_start
         self.reserve_limit: Limit | None = None
-        if policy.urgent_reserve_gpus > 0:
-            cap = max(0, self.cluster.total - policy.urgent_reserve_gpus)
+        cap = self.quotas.outside_reserve(self.cluster.total)
+        if cap is not None:
             self.reserve_limit = Limit(cap, f"the last {policy.urgent_reserve_gpus} GPUs are kept for urgent jobs")
         self.victims: set[int] = set()
         self.first: set[int] = set()  # the claimants, placed before the walk

@@ -107,6 +107,11 @@ class Quotas:
         uq, gq = self.user(user), self.group(group)
         return (uq.guaranteed_gpus if uq else 0), (gq.guaranteed_gpus if gq else 0)
 
+    def outside_reserve(self, total_gpus: int) -> int | None:
+        """How many of `total_gpus` jobs that are not urgent may use; None: no urgent reserve."""
+        reserve = self.policy.urgent_reserve_gpus
+        return max(0, total_gpus - reserve) if reserve > 0 else None
+
     def never_starts(self, user: str, group: str | None, gpus: int, time_limit_s: int, urgent: bool,
                      total_gpus: int) -> tuple[str, str] | None:
         """(field, why) when a job like this could never start under these limits, whatever
@@ -117,15 +122,15 @@ class Quotas:
         if most is not None and time_limit_s > most:
             return "time_limit", (f"{format_duration(time_limit_s)} is over the maximum of {format_duration(most)} "
                                   f"for {who}")
-        for whose, (jobs_cap, gpus_cap) in ((f"user {user}", self.user_caps(user)),
-                                            (f"group {group}", self.group_caps(group))):
+        for field, whose, (jobs_cap, gpus_cap) in (("gpus", f"user {user}", self.user_caps(user)),
+                                                   ("group", f"group {group}", self.group_caps(group))):
             if jobs_cap is not None and jobs_cap < 1:
-                return "group" if whose.startswith("group") else "gpus", f"{whose} may run no jobs"
+                return field, f"{whose} may run no jobs"
             if gpus_cap is not None and gpus > gpus_cap:
                 return "gpus", (f"asked for {gpus} GPUs but {whose} may use at most {gpus_cap} at a time; "
                                 "this job could never start")
-        reserve = self.policy.urgent_reserve_gpus
-        if not urgent and reserve > 0 and gpus > total_gpus - reserve:
-            return "gpus", (f"asked for {gpus} GPUs but only {max(0, total_gpus - reserve)} of this server's "
-                            f"{total_gpus} may run jobs that are not urgent; this job could never start")
+        cap = None if urgent else self.outside_reserve(total_gpus)
+        if cap is not None and gpus > cap:
+            return "gpus", (f"asked for {gpus} GPUs but only {cap} of this server's {total_gpus} may run jobs "
+                            "that are not urgent; this job could never start")
         return None
