@@ -4,6 +4,8 @@ heatmap, rollup and retention of samples."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -256,3 +258,13 @@ def test_rollup_keeps_readings_committed_while_it_runs(store: Store, monkeypatch
     assert mstore.samples(store, old, old + 3600, resolution=mstore.RAW) == [], "pruned once rolled up"
     report = heatmap_report(store, old - 3600, old + 3600)
     assert report["utilization"][2][14] == 95.0 and report["samples"][2][14] == 1
+
+
+def test_the_cli_formats_monitor_reports_without_loading_the_database_library() -> None:
+    """`jupyter gpujobs usage` and `findings` format their replies with monitor/text.py;
+    importing it (and so the monitor package) must not load SQLAlchemy, which would double
+    the start-up time of every such command."""
+    probe = ("import sys, jupyter_gpujobs.cli, jupyter_gpujobs.engine.monitor.text; "
+             "print('sqlalchemy' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)

@@ -3,8 +3,8 @@
 It owns, in submodules: the sampler (periodic GPU readings, downsampled storage, per-job GPU
 stats), the pure detectors (diagnosis.py: out of memory, repeated failures, idle hogs, GPUs
 with errors, rogue processes), usage reports and the heatmap (usage.py), Prometheus metrics
-(metrics.py), runtime prediction (predict.py) and their REST endpoints (handlers.py,
-`MONITOR_HANDLERS`). The Monitor wires them to the engine: it listens to job state changes
+(metrics.py) and runtime prediction (predict.py); their REST endpoints are engine/api/monitor.py
+(`MONITOR_HANDLERS`). The Monitor wires them to the engine: it listens to job state changes
 (`service.subscribe`), samples every `sample_interval`, stores each finding once (open
 until its condition goes away), logs it, adds a FINDING event to the job concerned, pushes
 each opened or closed finding to the engine's listeners (`{"type": "finding", "finding":
@@ -21,12 +21,13 @@ import importlib
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...model import GPU, Job, JobState, parse_duration
 from ..gpus import GPUBackend, GPUProcess, GPUSample
-from ..store import StoreUnavailable
 from .diagnosis import (
     Finding,
     detect_gpu_errors,
@@ -52,6 +53,21 @@ else:
     mstore = _Lazy()
 
 log = logging.getLogger("jupyter_gpujobs")
+
+
+@contextmanager
+def carry_on(what: str, logger: logging.Logger = log) -> Iterator[None]:
+    """Go on past a failure of the block (monitoring must keep going), logging it as
+    "gpujobs: <what> failed"; a full or read-only store is not logged here: the engine says
+    so once a minute while it lasts."""
+    try:
+        yield
+    except Exception as err:
+        from ..store import StoreUnavailable  # (loaded by then: the store raised it)
+
+        if not isinstance(err, StoreUnavailable):
+            logger.exception("gpujobs: %s failed", what)
+
 
 _LOG_TAIL_BYTES = 64 * 1024
 _REFRESH_S = 30.0  # how often a standing finding's message and last_seen are rewritten
@@ -204,12 +220,8 @@ class Monitor:
             self.service.refresh_inventory(force=True)
         if not self.settings.enabled:
             return
-        try:
+        with carry_on("recording the GPU inventory", self.log):
             self.sampler.record_inventory(self.backend.inventory(), time.time())
-        except StoreUnavailable:
-            pass  # a full or read-only disk: the engine says so once a minute
-        except Exception:
-            self.log.exception("gpujobs: recording the GPU inventory failed")
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._loop())
 
@@ -241,20 +253,12 @@ class Monitor:
             finally:
                 timer.cancel()
             wake.clear()
-            try:
+            with carry_on("diagnosing ended jobs", self.log):
                 self._process_ended()
-            except StoreUnavailable:
-                pass  # a full or read-only disk: the engine says so once a minute
-            except Exception:
-                self.log.exception("gpujobs: diagnosing ended jobs failed")
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.settings.sample_interval
-                try:
+                with carry_on("GPU monitoring tick", self.log):
                     self.tick(time.time())
-                except StoreUnavailable:
-                    pass  # a full or read-only disk: the engine says so once a minute
-                except Exception:
-                    self.log.exception("gpujobs: GPU monitoring tick failed")
 
     # ================================================================= engine events
 

@@ -20,8 +20,9 @@ from typing import Any
 
 from ...model import GPU, Job, JobState
 from ..gpus import GPUBackend, GPUSample
-from ..store import Store, StoreUnavailable
+from ..store import Store
 from ..store import monitoring as mstore
+from . import carry_on
 from .diagnosis import GPUErrorState, update_gpu_errors
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -81,20 +82,12 @@ class Sampler:
             state = self.gpu_errors.setdefault(s.uuid, GPUErrorState())
             if update_gpu_errors(state, s.ecc_errors, s.xid, s.healthy):
                 self.errors_changed.add(s.uuid)
-        try:
+        with carry_on("storing GPU samples"):
             mstore.add_samples(self.store, [mstore.SampleValues.of(self.host, s) for s in samples], stats=changed)
-        except StoreUnavailable:
-            pass  # a full or read-only disk: the engine says so once a minute
-        except Exception:
-            log.exception("gpujobs: storing GPU samples failed")
         if now - self._last_rollup >= self.rollup_every_s:
             self._last_rollup = now
-            try:
+            with carry_on("rolling up GPU samples"):
                 mstore.rollup(self.store, now, self.raw_keep_s, self.minute_keep_s, self.hour_keep_s)
-            except StoreUnavailable:
-                pass  # a full or read-only disk: the engine says so once a minute
-            except Exception:
-                log.exception("gpujobs: rolling up GPU samples failed")
         return samples
 
     def _fold_jobs(self, now: float, running: Iterable[Job], by_index: dict[int, GPUSample]) -> list[mstore.JobStats]:
@@ -141,12 +134,8 @@ class Sampler:
             if stats is None or stats.final:
                 return stats
         stats.final = True
-        try:
+        with carry_on(f"storing the stats of job {job_id}"):
             mstore.save_job_stats(self.store, [stats])
-        except StoreUnavailable:
-            pass  # a full or read-only disk: the engine says so once a minute
-        except Exception:
-            log.exception("gpujobs: storing the stats of job %s failed", job_id)
         return stats
 
     def stats_of(self, job_id: int) -> mstore.JobStats | None:
