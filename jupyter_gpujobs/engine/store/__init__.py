@@ -19,7 +19,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, create_engine, event, func, insert, select, update
+from sqlalchemy import Table, and_, create_engine, event, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -270,12 +270,18 @@ class Store:
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
-    def location(self) -> str:
-        """Where the data is: the directory of a SQLite file, else the URL without password."""
+    def sqlite_file(self) -> Path | None:
+        """The database file of a SQLite store; None in memory or on another database."""
         database = self.engine.url.database
         if self.engine.url.get_backend_name() == "sqlite" and database and database != ":memory:":
-            return str(Path(database.removeprefix("file:")).resolve().parent)
-        return self.engine.url.render_as_string(hide_password=True)
+            return Path(database.removeprefix("file:"))
+        return None
+
+    @property
+    def location(self) -> str:
+        """Where the data is: the directory of a SQLite file, else the URL without password."""
+        file = self.sqlite_file
+        return str(file.resolve().parent) if file else self.engine.url.render_as_string(hide_password=True)
 
     # ----------------------------------------------------------------- schema
 
@@ -610,8 +616,6 @@ class Store:
         """The newest quota changes first, of the given (scope, name) pairs or of all."""
         q = select(QuotaChangeRow).order_by(QuotaChangeRow.id.desc()).limit(limit)
         if names is not None:
-            from sqlalchemy import and_, or_
-
             pairs = list(names)
             if not pairs:
                 return []

@@ -6,24 +6,21 @@ database. The URL is given without its password.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from . import Store
 
 
 def store_report(store: Store) -> dict[str, Any]:
     """`{"kind": "sqlite"|"postgresql"|..., "url": URL without password, "size_bytes": int|None}`."""
-    url = make_url(store.url)
+    url = store.engine.url
     kind = url.get_backend_name()
     size: int | None = None
     try:
-        if kind == "sqlite" and url.database and url.database != ":memory:":
-            size = sum(os.path.getsize(url.database + suffix) for suffix in ("", "-wal")
-                       if os.path.exists(url.database + suffix))
+        if (file := store.sqlite_file) is not None:
+            size = sum(p.stat().st_size for p in (file, file.with_name(file.name + "-wal")) if p.exists())
         elif kind == "postgresql":
             with store.engine.connect() as conn:
                 size = int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
