@@ -231,29 +231,26 @@ class _Cycle:
             out = self.lims_cache[key] = self._limits_uncached(j)
         return out
 
+    def _owner_limits(self, kind: str, who: str | None, caps: tuple[int | None, int | None],
+                      whose: str) -> list[tuple[Limit, bool]]:
+        """The running-jobs and GPU limits of one user ("u") or group ("g") with these caps."""
+        jobs_cap, gpus_cap = caps
+        out = []
+        for key, cap, per_gpu, what in ((kind + "j", jobs_cap, False, "running jobs"),
+                                        (kind + "g", gpus_cap, True, "GPUs")):
+            lim = self._limit((key, who), cap, f"{whose} limit of {cap} {what} reached")
+            if lim:
+                out.append((lim, per_gpu))
+        return out
+
     def _limits_uncached(self, j: Job) -> list[tuple[Limit, bool]]:
         ul = self.user_limits.get(j.user)
         if ul is None:
-            jobs_cap, gpus_cap = self.quotas.user_caps(j.user)
-            ul = []
-            lim = self._limit(("uj", j.user), jobs_cap, f"user limit of {jobs_cap} running jobs reached")
-            if lim:
-                ul.append((lim, False))
-            lim = self._limit(("ug", j.user), gpus_cap, f"user limit of {gpus_cap} GPUs reached")
-            if lim:
-                ul.append((lim, True))
-            self.user_limits[j.user] = ul
+            ul = self.user_limits[j.user] = self._owner_limits("u", j.user, self.quotas.user_caps(j.user), "user")
         gl = self.group_limits.get(j.group)
         if gl is None:
-            jobs_cap, gpus_cap = self.quotas.group_caps(j.group)
-            gl = []
-            lim = self._limit(("gj", j.group), jobs_cap, f"group {j.group} limit of {jobs_cap} running jobs reached")
-            if lim:
-                gl.append((lim, False))
-            lim = self._limit(("gg", j.group), gpus_cap, f"group {j.group} limit of {gpus_cap} GPUs reached")
-            if lim:
-                gl.append((lim, True))
-            self.group_limits[j.group] = gl
+            gl = self.group_limits[j.group] = self._owner_limits("g", j.group, self.quotas.group_caps(j.group),
+                                                                 f"group {j.group}")
         out = ul + gl if gl else ul
         if j.array_job_id is not None and j.array_max_running:
             lim = self._limit(("a", j.array_job_id), j.array_max_running,
