@@ -825,31 +825,6 @@ def validate_submission(
     }
 
 
-def resolve_cwd(value: str | None, root_dir: str) -> str:
-    """The working directory of a job as an absolute, normalised path.
-
-    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it
-    (after `..` and symbolic links are followed), as the Jupyter file browser does. An absolute
-    cwd is the user saying where they are (the CLI sends the shell's directory): it is accepted,
-    normalised, because the job runs as its owner, who may enter it or not (the service checks
-    that, and that it exists)."""
-    import os
-
-    root = os.path.abspath(root_dir)
-    if value is None or value == "":
-        return root
-    if os.path.isabs(value):
-        path = os.path.normpath(value)
-    else:
-        path = os.path.normpath(os.path.join(root, value))
-        real_root = os.path.realpath(root)
-        real = os.path.realpath(path)
-        if os.path.commonpath([real_root, real]) != real_root:
-            raise InvalidInput("cwd", f"{_short(value)} leads outside the server's root directory; give a path "
-                                      "inside it, or an absolute path")
-    return path
-
-
 def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
     """Epoch seconds from an epoch number, an ISO time ("2026-12-02T22:00", UTC unless it has an
     offset), or a delay ("now+2h", "+30m"). A time may be in the past (the job may start now)

@@ -37,7 +37,6 @@ from ..model import (
     format_bytes,
     format_duration,
     parse_reason,
-    resolve_cwd,
     validate_submission,
 )
 from .claim import GPUClaim
@@ -713,7 +712,7 @@ class JobService:
             if self.active_job(dep.job_id) is None and self.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
         root = self.root_for(user)
-        fields["cwd"] = resolve_cwd(fields["cwd"], str(root))
+        fields["cwd"] = _resolve_cwd(fields["cwd"], str(root))
         try:
             unix_user = run_as(user, self.run_as_owner)
         except NotAUnixUser as err:
@@ -1315,6 +1314,29 @@ class JobService:
         discard = getattr(self.runner, "discard", None)
         if handle and discard is not None:
             discard(handle)
+
+
+def _resolve_cwd(value: str | None, root_dir: str) -> str:
+    """The working directory of a job as an absolute, normalised path.
+
+    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it
+    (after `..` and symbolic links are followed), as the Jupyter file browser does. An absolute
+    cwd is the user saying where they are (the CLI sends the shell's directory): it is accepted,
+    normalised, because the job runs as its owner, who may enter it or not (the service checks
+    that, and that it exists)."""
+    root = os.path.abspath(root_dir)
+    if value is None or value == "":
+        return root
+    if os.path.isabs(value):
+        path = os.path.normpath(value)
+    else:
+        path = os.path.normpath(os.path.join(root, value))
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(path)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise InvalidInput("cwd", f"{repr(value[:200])} leads outside the server's root directory; give a path "
+                                      "inside it, or an absolute path")
+    return path
 
 
 def _foreign_text(gpu: GPU, processes: list[Any]) -> str:
