@@ -72,15 +72,27 @@ def _running_servers() -> list[dict[str, Any]]:
 
 
 def find_server(url: str | None = None, token: str | None = None) -> tuple[str, str]:
-    """(base URL ending in '/', token) of the engine to talk to."""
+    """(base URL ending in '/', token) of the engine to talk to (see `locate_engine`)."""
+    found, found_token, _how = locate_engine(url, token)
+    return found, found_token
+
+
+def locate_engine(url: str | None = None, token: str | None = None) -> tuple[str, str, str]:
+    """(base URL ending in '/', token, how it was found, in words) of the engine to talk to:
+    `url` (the CLI's --url), else GPUJOBS_URL, else GPUJOBS_SOCKET or the machine's shared
+    engine, else the newest running Jupyter server with the extension."""
     if url:
-        return _with_token(url, token)
+        base, tok = _with_token(url, token)
+        return base, tok, "--url"
     env_url = os.environ.get("GPUJOBS_URL")
     if env_url:
-        return _with_token(env_url, token)
-    sock = os.environ.get("GPUJOBS_SOCKET") or (SHARED_SOCKET if os.path.exists(SHARED_SOCKET) else None)
+        base, tok = _with_token(env_url, token)
+        return base, tok, "GPUJOBS_URL (set in the kernels and terminals of a Jupyter server with the extension)"
+    sock = os.environ.get("GPUJOBS_SOCKET")
     if sock:
-        return _UNIX + sock, ""
+        return _UNIX + sock, "", "GPUJOBS_SOCKET"
+    if os.path.exists(SHARED_SOCKET):
+        return _UNIX + SHARED_SOCKET, "", "the machine's shared engine"
     candidates = _running_servers()
     for info in candidates:
         base = info.get("url", "").rstrip("/") + "/"
@@ -90,7 +102,7 @@ def find_server(url: str | None = None, token: str | None = None) -> tuple[str, 
         except httpx.HTTPError:
             continue
         if r.status_code == 200:
-            return base, tok
+            return base, tok, "the newest running Jupyter server with jupyter-gpujobs"
     if candidates:
         raise GPUJobsError(
             "found running Jupyter servers, but none hosts jupyter-gpujobs; is the extension enabled? "

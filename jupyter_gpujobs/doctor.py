@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .client import GPUJobsClient, GPUJobsError, find_server
+from .client import GPUJobsClient, GPUJobsError, locate_engine
 from .model import format_bytes, format_duration
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -61,16 +61,9 @@ def check_command(ctx: Context) -> list[Check]:
 
 def check_engine(ctx: Context) -> list[Check]:
     """Which engine the CLI reaches, how it found it, and who you are there."""
-    if ctx.url:
-        how = "--url"
-    elif os.environ.get("GPUJOBS_URL"):
-        how = "GPUJOBS_URL (set in the kernels and terminals of a Jupyter server with the extension)"
-    else:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        how = f"the newest running Jupyter server in {jupyter_runtime_dir()}"
+    how = "none found"
     try:
-        url, token = find_server(ctx.url, ctx.token)
+        url, token, how = locate_engine(ctx.url, ctx.token)
         ctx.client = GPUJobsClient(url=url, token=token, timeout=10)
         who = ctx.client.whoami()
     except (GPUJobsError, OSError) as err:

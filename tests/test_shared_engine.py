@@ -76,6 +76,13 @@ def test_every_caller_is_its_unix_user(team: Team) -> None:
     assert f"socket {team.socket}" in log
 
 
+def test_doctor_says_which_engine_a_user_reaches(team: Team) -> None:
+    out = team.cli(U2, "doctor").stdout
+    engine = next(line for line in out.splitlines() if " engine " in line)
+    assert engine.startswith("OK") and f"unix://{team.socket} (found from GPUJOBS_SOCKET), version " in engine, out
+    assert engine.endswith(f"; you are {U2} (user)"), out
+
+
 def test_no_header_name_or_token_makes_a_caller_someone_else(team: Team) -> None:
     s1, s2 = team.servers[U1], team.servers[U2]
     claims = {"X-Forwarded-User": U2, "X-Jupyterhub-User": U2, "Remote-User": U2, "X-Remote-User": U2,
