@@ -293,6 +293,16 @@ async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
     await api("DELETE", f"jobs/{job['id']}")
 
 
+async def test_override_of_a_gpu_nothing_else_uses_is_refused(api: Any, monitor: Any) -> None:
+    status, err = await api("POST", "gpus/foreign", {"gpu": 0, "override": True, "reason": "try"})
+    assert status == 409 and err["field"] == "gpu", err
+    assert err["message"] == "GPU 0 on localhost is not in use outside the queue; nothing to override"
+    status, err = await api("POST", "gpus/foreign", {"gpu": 9})
+    assert status == 404 and err["field"] == "gpu"
+    status, body = await api("POST", "gpus/foreign", {"gpu": 0, "override": False})  # nothing to take back
+    assert status == 200 and body["gpus"][0]["foreign"] is None and body["gpus"][0]["foreign_override"] is None
+
+
 async def test_findings_bad_input(api: Any, monitor: Any) -> None:
     status, err = await api("GET", "findings", params={"kind": "ghosts"})
     assert status == 400 and err["field"] == "kind"

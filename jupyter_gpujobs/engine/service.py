@@ -60,6 +60,15 @@ class PermissionDenied(PermissionError):
     pass
 
 
+class Conflict(RuntimeError):
+    """A command that does not fit the state things are in now (HTTP 409); `field` names what."""
+
+    def __init__(self, field: str | None, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
 class LogRemoved(NotFound):
     """The log of a job was removed after the retention (`c.GPUJobs.job_retention`)."""
 
@@ -486,7 +495,10 @@ class JobService:
 
     def ignore_foreign(self, host: str, index: int, ignore: bool, actor: str, reason: str = "") -> None:
         """An admin lets the queue hand out a GPU in use outside the queue (`ignore`), until it
-        is seen unused, or takes that back."""
+        is seen unused, or takes that back. Conflict when nothing uses the GPU outside the queue."""
+        key = (host, index)
+        if ignore and key not in self.foreign_ignored and key not in self._foreign:
+            raise Conflict("gpu", f"GPU {index} on {host} is not in use outside the queue; nothing to override")
         if ignore:
             self.foreign_ignored[(host, index)] = f"{actor}{': ' + reason if reason else ''}"
         else:
@@ -1413,4 +1425,4 @@ def redact(view: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["JobService", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable", "EXTERNAL_KINDS"]
+__all__ = ["Conflict", "JobService", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable", "EXTERNAL_KINDS"]

@@ -24,7 +24,7 @@ from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
-from ..service import JobService, NotFound, PermissionDenied, StoreUnavailable
+from ..service import Conflict, JobService, NotFound, PermissionDenied, StoreUnavailable
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
@@ -204,6 +204,8 @@ class GPUJobsHandler(APIHandler):
             e = ApiError(404, None, str(e))
         elif isinstance(e, PermissionDenied):
             e = ApiError(403, None, str(e))
+        elif isinstance(e, Conflict):
+            e = ApiError(409, e.field, e.message)
         elif isinstance(e, StoreUnavailable):  # 507 Insufficient Storage; read-only: 503
             e = ApiError(503 if e.read_only else 507, None, str(e))
         if isinstance(e, ApiError):

@@ -132,9 +132,6 @@ class ForeignOverrideHandler(GPUJobsHandler):
     async def post(self) -> None:
         views = self.service.gpu_views()
         host, gpu, override, reason = gpu_action(self, "override", views[0]["host"] if views else "localhost")
-        view = next(g for g in self.service.gpu_views() if g["host"] == host and g["index"] == gpu)
-        if override and not view["foreign"] and not view["foreign_override"]:
-            raise ApiError(409, "gpu", f"GPU {gpu} on {host} is not in use outside the queue; nothing to override")
         self.service.ignore_foreign(host, gpu, override, self.owner, reason)
         self.reply({"gpus": self.service.gpu_views()})
 
