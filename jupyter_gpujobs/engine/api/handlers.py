@@ -146,6 +146,10 @@ class GPUJobsHandler(APIHandler):
         """The user a job belongs to (see c.GPUJobs.user_identity)."""
         return job_owner(self)
 
+    def require_admin(self) -> None:
+        if not self.service.is_admin(self.owner):
+            raise ApiError(403, None, "only admins may do this")
+
     def json_body(self) -> Any:
         return parse_json_body(self.request.body, self.settings.get("gpujobs_max_body", 1 << 20))
 

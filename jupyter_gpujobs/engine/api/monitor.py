@@ -42,10 +42,6 @@ class MonitorHandler(GPUJobsHandler):
             raise ApiError(404, None, "monitoring is not enabled on this server")
         return monitor
 
-    def require_admin(self) -> None:
-        if not self.service.is_admin(self.owner):
-            raise ApiError(403, None, "only admins may do this")
-
     def range_args(self) -> tuple[float, float]:
         return time_range(self.get_argument("since", None), self.get_argument("until", None), time.time())
 
@@ -92,8 +88,7 @@ class FindingResolveHandler(MonitorHandler):
 def gpu_action(handler: GPUJobsHandler, flag: str, default_host: str) -> tuple[str, int, bool, str]:
     """An admin's action on one GPU, `{"gpu": N, "host": ..., FLAG: true|false, "reason": ...}`:
     checked and returned as (host, gpu, flag, reason); the GPU must exist (404 otherwise)."""
-    if not handler.service.is_admin(handler.owner):
-        raise ApiError(403, None, "only admins may do this")
+    handler.require_admin()
     body = handler.json_body()
     if not isinstance(body, dict):
         raise ApiError(400, "body", "expected a JSON object")
