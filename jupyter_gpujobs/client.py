@@ -151,6 +151,10 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def _queue_params(limit: int | None, offset: int, user: str | None) -> dict[str, Any]:
+    return _drop_none({"limit": limit, "offset": offset or None, "user": user})
+
+
 def _raise_for(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         try:
@@ -249,13 +253,11 @@ class _Calls:
     def queue(self, limit: int | None = None, offset: int = 0, user: str | None = None) -> Any:
         """One page of the pending jobs in scheduling order (the server's default page, 100
         jobs, when `limit` is None); `queue_page` also says how many there are."""
-        return self._call("GET", "queue", params=_drop_none({"limit": limit, "offset": offset or None,
-                                                             "user": user}), pick=lambda d: d["jobs"])
+        return self._call("GET", "queue", params=_queue_params(limit, offset, user), pick=lambda d: d["jobs"])
 
     def queue_page(self, limit: int | None = None, offset: int = 0, user: str | None = None) -> Any:
         """`{"jobs": [...], "total": pending jobs, "offset": offset, "next": next offset or None}`."""
-        return self._call("GET", "queue", params=_drop_none({"limit": limit, "offset": offset or None,
-                                                             "user": user}))
+        return self._call("GET", "queue", params=_queue_params(limit, offset, user))
 
     # --- quotas
     def quota(self, user: str | None = None) -> Any:
