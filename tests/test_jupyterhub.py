@@ -308,7 +308,9 @@ def test_two_users_cells_share_one_queue_and_keep_their_data(hub: Hub, browser: 
     assert "u2-private-eval" not in json.dumps(theirs)
     assert hub.gpujobs(U1, "GET", f"jobs/{j2}/log").status_code == 403
     assert hub.gpujobs(U2, "GET", f"jobs/{j1}").json()["private"] is True
-    assert hub.gpujobs(U2, "DELETE", f"jobs/{j1}").status_code in (403, 404)
+    refused = hub.gpujobs(U2, "DELETE", f"jobs/{j1}")
+    assert refused.status_code == 403 and f"belongs to {U1}" in refused.json()["message"], refused.text
+    assert hub.gpujobs(U1, "GET", f"jobs/{j1}").json()["state"] == "RUNNING"
     # and from inside the kernels, the same (the kernel's client is on the socket, as its user)
     assert k2.value("from jupyter_gpujobs.client import GPUJobsClient; import json; "
                     f"print(json.dumps(GPUJobsClient().job({j1}).get('private')))") is True
