@@ -90,9 +90,6 @@ class Isolation:
             out[ctl] = os.path.join(mount, PARENT, name)
         return out
 
-    def to_json(self) -> dict[str, object]:
-        return {"v2": self.v2, "v1": dict(self.v1), "v2_controllers": list(self.v2_controllers)}
-
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
     """(fs type, mount point, super options) of the cgroup mounts."""
@@ -144,7 +141,8 @@ def _enable_v2_controllers(mount: str) -> tuple[str, ...]:
 
 
 def detect(mode: str = "auto") -> Isolation:
-    """What this host allows. `mode`: "auto" (use cgroups where writable) or "off"."""
+    """What this host allows. `mode`: "auto" (use cgroups where writable), "v2" (the v2
+    hierarchy alone, as on a v2-only host) or "off"."""
     if mode == "off":
         return Isolation(why_not="cgroups turned off in the settings")
     if mode not in ("auto", "v2"):
@@ -233,12 +231,6 @@ def create(cg: dict[str, str], deny_devices: Sequence[str] = (), mem_bytes: int 
 def procs_files(cg: dict[str, str]) -> list[str]:
     """The files a process writes its pid to, to enter every cgroup of the run."""
     return [os.path.join(cg[k], "cgroup.procs") for k in ("v2", *V1_CONTROLLERS) if k in cg]
-
-
-def join(cg: dict[str, str], pid: int = 0) -> None:
-    """Move `pid` (0: the caller) into the run's cgroups."""
-    for path in procs_files(cg):
-        _write(path, str(pid))
 
 
 def _tracker(cg: dict[str, str]) -> str | None:
