@@ -337,7 +337,7 @@ class LocalRunner(Runner):
             p = psutil.Process(pid)
             started = float(state.get("started_at") or 0)
             if started and p.create_time() > started + 1.0:
-                return  # a different process now has that pid
+                return False  # a different process now has that pid
             procs = [p, *p.children(recursive=True)]
         except psutil.Error:
             procs = []
