@@ -56,3 +56,11 @@ def test_sbatch_options_of_a_job(tmp_path) -> None:
         assert expected in args
     urgent = runner.sbatch_args(Job(id=6, user="ann", gpus=0, priority="urgent"))
     assert "--partition=fast" in urgent and not any(a.startswith("--gres") for a in urgent)
+
+
+def test_a_failure_reads_as_under_the_local_runner(tmp_path) -> None:
+    """Slurm's wait status of a failed job becomes the same reason the local runner gives."""
+    runner = SlurmRunner(tmp_path)
+    assert runner._exit(1, "11", "FAILED", "", 3 << 8, 0.0).reason == "failed (exit code 3)"
+    killed = runner._exit(2, "12", "FAILED", "", 11, 0.0)
+    assert (killed.outcome, killed.signal, killed.reason) == ("failed", 11, "killed by signal SIGSEGV")

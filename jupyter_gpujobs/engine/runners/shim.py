@@ -82,11 +82,16 @@ def _format_duration(seconds: float) -> str:
     return format_duration(seconds)
 
 
-def _signal_name(num: int) -> str:
+def how_it_ended(exit_code: int | None, sig: int | None) -> str:
+    """How a job's process ended, as its reasons say it: "exit code 3" or "killed by signal
+    SIGSEGV" (every runner's words)."""
+    if exit_code is not None:
+        return f"exit code {exit_code}"
     try:
-        return signal.Signals(num).name
+        name = signal.Signals(sig or 0).name
     except ValueError:
-        return f"signal {num}"
+        name = str(sig)
+    return f"killed by signal {name}"
 
 
 def _become_subreaper() -> bool:
@@ -581,19 +586,16 @@ class Shim:
             outcome, reason = stop
         elif host_oom:
             limit_text = cgroups.format_bytes(int(spec.get("mem_bytes") or 0))
-            how = f"exit code {exit_code}" if exit_code is not None else f"killed by signal {_signal_name(sig or 0)}"
-            outcome, reason = "oom", f"host memory limit of {limit_text} reached ({how})"
+            outcome, reason = "oom", f"host memory limit of {limit_text} reached ({how_it_ended(exit_code, sig)})"
         elif exit_code == 0:
             outcome, reason = "completed", "completed"
         else:
             pattern = find_oom(log_path, log_start)
-            how = f"exit code {exit_code}" if exit_code is not None else f"killed by signal {_signal_name(sig or 0)}"
+            how = how_it_ended(exit_code, sig)
             if pattern:
                 outcome, reason = "oom", f"out of memory ({pattern} in the log; {how})"
-            elif exit_code is not None:
-                outcome, reason = "failed", f"failed (exit code {exit_code})"
             else:
-                outcome, reason = "failed", how
+                outcome, reason = "failed", f"failed ({how})" if exit_code is not None else how
         self.write_result(spec, outcome, exit_code, sig, reason, started_at)
         return 0
 

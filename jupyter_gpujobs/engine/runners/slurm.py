@@ -41,6 +41,7 @@ from traitlets.config import Configurable
 from ...model import GPU, Job
 from ..gpus.base import GPUBackend, GPUProcess, GPUSample
 from .base import Exit, LaunchRequest, Runner, StopOutcome
+from .shim import how_it_ended
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -369,14 +370,8 @@ class SlurmRunner(Runner):
         if state == "BOOT_FAIL":
             return Exit(job_id, "failed", None, None, "its node could not boot (Slurm: BOOT_FAIL)", ended_at)
         if sig:
-            import signal as _signal
-
-            try:
-                name = _signal.Signals(sig).name
-            except ValueError:
-                name = f"signal {sig}"
-            return Exit(job_id, "failed", None, sig, f"killed by {name}", ended_at)
-        return Exit(job_id, "failed", exit_code, None, f"failed (exit code {exit_code})", ended_at)
+            return Exit(job_id, "failed", None, sig, how_it_ended(None, sig), ended_at)
+        return Exit(job_id, "failed", exit_code, None, f"failed ({how_it_ended(exit_code, None)})", ended_at)
 
     def _from_sacct(self, missing: dict[str, int]) -> list[SlurmState]:
         """Jobs squeue forgot (ended more than MinJobAge ago, e.g. while the engine was down):
