@@ -92,12 +92,10 @@ def pending_reason(code: str) -> str:
     code = code or "None"
     if code in PENDING_REASONS:
         return PENDING_REASONS[code]
-    if code.startswith("QOS"):
-        what = "GPU" if "GRES" in code or "TRES" in code else ("job" if "Job" in code else "")
-        return f"over the QOS {what + ' ' if what else ''}limit ({code})"
-    if code.startswith("Assoc"):
-        what = "GPU" if "GRES" in code or "TRES" in code else ("job" if "Job" in code else "")
-        return f"over the account's {what + ' ' if what else ''}limit ({code})"
+    for prefix, whose in (("QOS", "the QOS"), ("Assoc", "the account's")):
+        if code.startswith(prefix):
+            what = "GPU " if "GRES" in code or "TRES" in code else ("job " if "Job" in code else "")
+            return f"over {whose} {what}limit ({code})"
     return f"held by Slurm: {code}"
 
 
@@ -269,7 +267,7 @@ class SlurmRunner(Runner):
             return None, ()
         return node or None, tuple(int(i) for i in gpus.split(",") if i.strip().isdigit())
 
-    def start(self, req: LaunchRequest) -> dict[str, Any]:
+    def start(self, req: LaunchRequest, handle: dict[str, Any] | None = None) -> dict[str, Any]:
         """The Runner interface: one job without Slurm-specific fields (used by nothing in the
         mirror path; kept so the runner is a complete Runner)."""
         job = Job(id=req.job_id, user="", command=list(req.command), gpus=len(req.gpu_indices),
