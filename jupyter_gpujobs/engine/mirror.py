@@ -130,15 +130,9 @@ class Mirror:
                 self._reasons[job.id] = f"submitted to Slurm as job {handle['slurm_id']}"
 
     def _request(self, job: Job) -> LaunchRequest:
+        """What to run, as the engine would start it here (Slurm picks the GPUs)."""
         s = self.service
-        env = {**s.job_env, **job.env, "GPUJOBS_USER": job.user}
-        if job.array_index is not None:
-            env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
-            env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
-        return LaunchRequest(job_id=job.id, command=list(job.command), cwd=job.cwd or str(s.root_dir), env=env,
-                             time_limit_s=job.time_limit_s, grace_s=s.kill_grace_s,
-                             log_path=str(s.state_dir / "logs" / f"job-{job.id}.log"),
-                             fake=s.gpus.name == "fake")
+        return s._launch_request(job, [], str(s.state_dir / "logs" / f"job-{job.id}.log"))
 
     def _dependency(self, job: Job) -> tuple[str, str] | None:
         """(sbatch --dependency value, reason to cancel the job instead or ''); None while a
