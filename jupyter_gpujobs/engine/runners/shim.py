@@ -481,8 +481,9 @@ class Shim:
         try:
             user = resolve_user(spec.get("run_as"))
         except KeyError:
-            return self.fail_to_start(spec, f"the job's owner {spec.get('run_as')!r} is not a Unix user on this "
-                                            "machine", None)
+            from .users import NotAUnixUser  # the engine's words for it
+
+            return self.fail_to_start(spec, str(NotAUnixUser(str(spec["run_as"]))), None)
         try:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), mode=0o700, exist_ok=True)
             log_fd = open_log(log_path, (user[1], user[2]) if user else None)
