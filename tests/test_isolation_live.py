@@ -6,7 +6,6 @@ the fallback without cgroups says so and behaves as before. Needs root, as CI ru
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_waits import wait_file, wait_pids
 
 from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
 
@@ -64,18 +64,9 @@ def _wait(client: GPUJobsClient, job_id: int, states: tuple[str, ...], timeout: 
         time.sleep(0.1)
 
 
-def _wait_file(path: Path, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.05)
-    time.sleep(0.1)
-    return path.read_text()
-
-
 def _nodes(server: Any) -> Path:
-    fleet = hashlib.sha1(str(server.state_dir.resolve()).encode()).hexdigest()[:12]
-    return Path(f"/dev/gpujobs-fake/{fleet}")
+    """Where a root server makes its fake GPUs' device nodes."""
+    return Path("/dev/gpujobs-fake") / server.client().api("GET", "info")["fake_fleet"]
 
 
 ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
@@ -90,7 +81,7 @@ def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, 
     pid_file = open_dir / "u2.pid"
     theirs = u2.submit(["/bin/sh", "-c", f"id -un; echo $$ > {pid_file}; echo secret-of-u2; exec sleep 60"],
                        gpus=1, cwd=str(open_dir), time_limit="2m")
-    u2_pid = int(_wait_file(pid_file))
+    u2_pid = int(wait_file(pid_file))
     running = _wait(u2, theirs["id"], ("RUNNING",))
     u2_log = server.state_dir / "logs" / f"job-{theirs['id']}.log"
     nodes = _nodes(server)
@@ -139,11 +130,8 @@ def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_serv
     _wait(u1, job["id"], ("RUNNING",))
     # submitted once the job holds both GPUs: it can start only on a GPU the job gave back
     waiting = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir))
+    job_pids = wait_pids(pids, 2, timeout=20)
     deadline = time.monotonic() + 20
-    while len(pids.read_text().split() if pids.exists() else []) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    job_pids = [int(p) for p in pids.read_text().split()]
     while True:
         other = u1.job(waiting["id"])["state"]  # read first: the job was running then if it is after
         if u1.job(job["id"])["state"] != "RUNNING":

@@ -18,8 +18,9 @@ from typing import Any
 
 import psutil
 import pytest
+from runner_waits import wait_exit, wait_file
 
-from jupyter_gpujobs.engine.runners import LOST_REASON, Exit, LaunchRequest, LocalRunner
+from jupyter_gpujobs.engine.runners import LOST_REASON, LaunchRequest, LocalRunner
 
 PY = sys.executable
 
@@ -37,26 +38,6 @@ def _req(tmp_path: Path, job_id: int, code: str | list[str], **kw: Any) -> Launc
                               "grace_s": 1, "time_limit_s": 60}
     fields.update(kw)
     return LaunchRequest(job_id=job_id, command=command, **fields)
-
-
-def _wait(runner: LocalRunner, job_id: int, handle: dict[str, Any], timeout: float = 15.0) -> Exit:
-    deadline = time.monotonic() + timeout
-    while True:
-        exits = runner.poll({job_id: handle})
-        if exits:
-            assert [e.job_id for e in exits] == [job_id]
-            return exits[0]
-        assert time.monotonic() < deadline, f"job {job_id} did not end"
-        time.sleep(0.02)
-
-
-def _wait_file(path: Path, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.02)
-    time.sleep(0.05)
-    return path.read_text()
 
 
 def _gone(pid: int) -> bool:
@@ -92,7 +73,7 @@ def test_job_sees_exactly_its_gpus(runner: LocalRunner, tmp_path: Path, monkeypa
     req = _req(tmp_path, 7, [PY, "-c", textwrap.dedent(code), str(out)], gpu_indices=[1, 3],
                gpu_uuids=["GPU-a", "GPU-b"], time_limit_s=1800, grace_s=30, fake=True,
                env={"EXTRA": "yes", "CUDA_VISIBLE_DEVICES": "0"})
-    assert _wait(runner, 7, runner.start(req)).outcome == "completed"
+    assert wait_exit(runner, 7, runner.start(req)).outcome == "completed"
     env = json.loads(out.read_text())
     assert env == {
         "CUDA_VISIBLE_DEVICES": "1,3", "NVIDIA_VISIBLE_DEVICES": "1,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -103,7 +84,7 @@ def test_job_sees_exactly_its_gpus(runner: LocalRunner, tmp_path: Path, monkeypa
 
     out0 = tmp_path / "env0.json"
     req0 = _req(tmp_path, 8, [PY, "-c", textwrap.dedent(code), str(out0)], gpu_indices=[], fake=False)
-    assert _wait(runner, 8, runner.start(req0)).outcome == "completed"
+    assert wait_exit(runner, 8, runner.start(req0)).outcome == "completed"
     env0 = json.loads(out0.read_text())
     assert env0["CUDA_VISIBLE_DEVICES"] == "" and env0["NVIDIA_VISIBLE_DEVICES"] == ""
     assert env0["GPUJOBS_FAKE"] is None
@@ -120,10 +101,10 @@ def test_log_is_written_while_running(runner: LocalRunner, tmp_path: Path) -> No
     req = _req(tmp_path, 1, code)
     handle = runner.start(req)
     log = Path(req.log_path)
-    text = _wait_file(log, timeout=5)
+    text = wait_file(log, timeout=5)
     assert runner.poll({1: handle}) == [] and runner.alive(handle)
     assert "first line" in text and "to stderr" in text and "last line" not in text
-    assert _wait(runner, 1, handle).outcome == "completed"
+    assert wait_exit(runner, 1, handle).outcome == "completed"
     assert log.read_text().splitlines() == ["first line", "to stderr", "last line"]
     assert not runner.alive(handle)
 
@@ -135,16 +116,16 @@ def test_log_is_written_while_running(runner: LocalRunner, tmp_path: Path) -> No
 ])
 def test_exit_codes_and_reasons(runner: LocalRunner, tmp_path: Path, code: str, outcome: str,
                                 exit_code: int | None, sig: int | None, reason: str) -> None:
-    exit_ = _wait(runner, 2, runner.start(_req(tmp_path, 2, code)))
+    exit_ = wait_exit(runner, 2, runner.start(_req(tmp_path, 2, code)))
     assert (exit_.outcome, exit_.exit_code, exit_.signal, exit_.reason) == (outcome, exit_code, sig, reason)
     assert abs(exit_.ended_at - time.time()) < 10
 
 
 def test_missing_command_and_bad_cwd(runner: LocalRunner, tmp_path: Path) -> None:
-    exit_ = _wait(runner, 3, runner.start(_req(tmp_path, 3, ["no-such-program-xyz", "--flag"])))
+    exit_ = wait_exit(runner, 3, runner.start(_req(tmp_path, 3, ["no-such-program-xyz", "--flag"])))
     assert (exit_.outcome, exit_.reason) == ("failed", "command not found: no-such-program-xyz")
     assert "command not found: no-such-program-xyz" in (tmp_path / "job-3.log").read_text()
-    exit_ = _wait(runner, 4, runner.start(_req(tmp_path, 4, "pass", cwd=str(tmp_path / "missing"))))
+    exit_ = wait_exit(runner, 4, runner.start(_req(tmp_path, 4, "pass", cwd=str(tmp_path / "missing"))))
     assert exit_.outcome == "failed" and exit_.reason == f"working directory not found: {tmp_path / 'missing'}"
 
 
@@ -155,11 +136,11 @@ def test_oom_is_detected_from_the_log(runner: LocalRunner, tmp_path: Path) -> No
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         sys.exit(1)
     """
-    exit_ = _wait(runner, 5, runner.start(_req(tmp_path, 5, code)))
+    exit_ = wait_exit(runner, 5, runner.start(_req(tmp_path, 5, code)))
     assert exit_.outcome == "oom" and exit_.exit_code == 1
     assert "out of memory" in exit_.reason and "exit code 1" in exit_.reason
     # the same words in the log of a successful run are not an OOM
-    exit_ = _wait(runner, 6, runner.start(_req(tmp_path, 6, "print('retrying after CUDA out of memory')")))
+    exit_ = wait_exit(runner, 6, runner.start(_req(tmp_path, 6, "print('retrying after CUDA out of memory')")))
     assert exit_.outcome == "completed"
 
 
@@ -192,7 +173,7 @@ def _start_tree(runner: LocalRunner, tmp_path: Path, job_id: int, **kw: Any) -> 
     pids_file = tmp_path / f"pids-{job_id}"
     req = _req(tmp_path, job_id, [PY, "-c", textwrap.dedent(STUBBORN_TREE), str(pids_file)], **kw)
     handle = runner.start(req)
-    pids = [int(p) for p in _wait_file(pids_file).split()]
+    pids = [int(p) for p in wait_file(pids_file).split()]
     assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
     return handle, pids
 
@@ -201,7 +182,7 @@ def test_time_limit_kills_the_whole_tree(runner: LocalRunner, tmp_path: Path) ->
     handle, pids = _start_tree(runner, tmp_path, 10, time_limit_s=2, grace_s=0.5)
     try:
         t0 = time.monotonic()
-        exit_ = _wait(runner, 10, handle)
+        exit_ = wait_exit(runner, 10, handle)
         assert exit_.outcome == "timeout"
         assert exit_.reason == "time limit of 2s reached"
         assert exit_.signal == signal.SIGKILL  # it ignored SIGTERM
@@ -219,7 +200,7 @@ def test_terminate_with_reason(runner: LocalRunner, tmp_path: Path, outcome: str
         reason = "cancelled by alice" if outcome == "cancelled" else "preempted by job 42"
         runner.terminate(11, handle, reason, outcome, grace_s=0.5)
         assert time.monotonic() - t0 < 0.1  # non-blocking
-        exit_ = _wait(runner, 11, handle)
+        exit_ = wait_exit(runner, 11, handle)
         assert (exit_.outcome, exit_.reason) == (outcome, reason)
         assert time.monotonic() - t0 < 4
         assert all(_gone(p) for p in pids)
@@ -239,10 +220,10 @@ def test_terminate_honours_sigterm_quickly(runner: LocalRunner, tmp_path: Path) 
     """
     req = _req(tmp_path, 12, code)
     handle = runner.start(req)
-    _wait_file(Path(req.log_path))
+    wait_file(Path(req.log_path))
     t0 = time.monotonic()
     runner.terminate(12, handle, "cancelled by bob", "cancelled", grace_s=30)
-    exit_ = _wait(runner, 12, handle)
+    exit_ = wait_exit(runner, 12, handle)
     assert (exit_.outcome, exit_.reason, exit_.exit_code) == ("cancelled", "cancelled by bob", 0)
     assert time.monotonic() - t0 < 1.5
     assert "saving checkpoint" in Path(req.log_path).read_text()
@@ -253,7 +234,7 @@ def test_cancel_right_after_start(runner: LocalRunner, tmp_path: Path) -> None:
     req = _req(tmp_path, 13, [PY, "-c", f"import time; time.sleep(600); open({str(marker)!r}, 'w')"])
     handle = runner.start(req)
     runner.terminate(13, handle, "cancelled by carol", "cancelled", grace_s=0.5)
-    exit_ = _wait(runner, 13, handle)
+    exit_ = wait_exit(runner, 13, handle)
     assert (exit_.outcome, exit_.reason) == ("cancelled", "cancelled by carol")
     assert not marker.exists()
 
@@ -265,7 +246,7 @@ def test_processes_left_behind_are_stopped(runner: LocalRunner, tmp_path: Path) 
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
         open({str(pid_file)!r}, "w").write(str(p.pid))
     """
-    exit_ = _wait(runner, 14, runner.start(_req(tmp_path, 14, code)))
+    exit_ = wait_exit(runner, 14, runner.start(_req(tmp_path, 14, code)))
     bg = int(pid_file.read_text())
     try:
         assert exit_.outcome == "completed"
@@ -280,13 +261,13 @@ def test_processes_left_behind_are_stopped(runner: LocalRunner, tmp_path: Path) 
 def test_vanished_supervisor_is_lost(runner: LocalRunner, tmp_path: Path) -> None:
     req = _req(tmp_path, 20, "import time; print('up', flush=True); time.sleep(600)")
     handle = runner.start(req)
-    _wait_file(Path(req.log_path))
+    wait_file(Path(req.log_path))
     shim = psutil.Process(handle["pid"])
     job = shim.children()
     assert len(job) == 1
     for p in [shim, *job]:
         p.kill()
-    exit_ = _wait(runner, 20, handle)
+    exit_ = wait_exit(runner, 20, handle)
     assert (exit_.outcome, exit_.reason) == ("lost", LOST_REASON)
     assert not runner.alive(handle)
 
@@ -294,11 +275,11 @@ def test_vanished_supervisor_is_lost(runner: LocalRunner, tmp_path: Path) -> Non
 def test_job_of_a_vanished_supervisor_is_not_left_running(runner: LocalRunner, tmp_path: Path) -> None:
     req = _req(tmp_path, 21, "import time; print('up', flush=True); time.sleep(600)")
     handle = runner.start(req)
-    _wait_file(Path(req.log_path))
+    wait_file(Path(req.log_path))
     job = psutil.Process(handle["pid"]).children()[0]
     os.kill(handle["pid"], signal.SIGKILL)
     try:
-        assert _wait(runner, 21, handle).outcome == "lost"
+        assert wait_exit(runner, 21, handle).outcome == "lost"
         job.wait(timeout=5)  # killed by the runner, so its GPU is really free
     finally:
         _kill_all([job.pid])
@@ -306,7 +287,7 @@ def test_job_of_a_vanished_supervisor_is_not_left_running(runner: LocalRunner, t
 
 def test_recycled_pid_is_not_taken_for_the_shim(runner: LocalRunner, tmp_path: Path) -> None:
     handle = runner.start(_req(tmp_path, 22, "pass"))
-    _wait(runner, 22, handle)
+    wait_exit(runner, 22, handle)
     me = {**handle, "pid": os.getpid()}  # a live process, but not the one started
     assert not LocalRunner(tmp_path / "run").alive(me)
 
@@ -332,7 +313,7 @@ def test_job_survives_the_process_that_started_it(tmp_path: Path) -> None:
     runner = LocalRunner(tmp_path / "run")  # a new "server" reattaches from the stored handle
     assert runner.alive(handle)
     assert runner.poll({30: handle}) == []
-    exit_ = _wait(runner, 30, handle)
+    exit_ = wait_exit(runner, 30, handle)
     assert exit_.outcome == "completed"
     assert log.read_text().splitlines() == [f"line {i}" for i in range(4)]
 
@@ -367,7 +348,7 @@ def test_a_wave_of_starts_finds_a_supervisor_started_ahead_for_each(tmp_path: Pa
         assert {h["pid"] for h in handles.values()} == set(waiting)
         assert all(h["create_time"] == waiting[h["pid"]] for h in handles.values())
         for job_id, handle in handles.items():
-            exit_ = _wait(runner, job_id, handle)
+            exit_ = wait_exit(runner, job_id, handle)
             assert exit_.outcome == "completed"
             assert (tmp_path / f"job-{job_id}.log").read_text() == f"{job_id - 300}\n"
         runner.poll({})
@@ -388,7 +369,7 @@ def test_a_supervisor_started_with_another_pythonpath_is_not_used(
     code = "import os; print(os.environ.get('PYTHONPATH'))"
     handle = runner.start(_req(tmp_path, 310, [PY, "-S", "-c", code]))
     assert handle["pid"] not in before
-    assert _wait(runner, 310, handle).outcome == "completed"
+    assert wait_exit(runner, 310, handle).outcome == "completed"
     assert (tmp_path / "job-310.log").read_text() == f"{tmp_path / 'after'}\n"
     assert not set(before) & set(_waiting_supervisors(runner))  # they were stopped
 
@@ -434,7 +415,7 @@ def test_dispatch_latency(runner: LocalRunner, tmp_path: Path) -> None:
         marker.unlink(missing_ok=True)
         t0 = time.time()
         handle = runner.start(_req(tmp_path, 200 + i, [PY, "-S", "-c", code]))
-        _wait(runner, 200 + i, handle)
+        wait_exit(runner, 200 + i, handle)
         times.append(float(marker.read_text()) - t0)
     times.sort()
     assert times[len(times) // 2] < 0.5, times
