@@ -171,6 +171,27 @@ def test_without_cgroups_the_plain_message_and_todays_behaviour(live_server: Any
     assert client.log(second["id"])["data"] == "output-of-the-next-job\n"
 
 
+def test_fake_gpus_device_nodes_go_with_the_server_that_held_them(live_server: Any) -> None:
+    """A stopped server removes the device nodes it made; a second server of the same data
+    dir, refused the GPUs, leaves them to the first, whose jobs are fenced by them."""
+    first = live_server(fake_gpus="2xA100")
+    nodes = _nodes(first)
+    assert sorted(p.name for p in nodes.iterdir()) == ["nvidia0", "nvidia1"]
+    second = live_server(fake_gpus="2xA100", start=False)
+    second.args = [f"--GPUJobs.state_dir={first.state_dir}" if a.startswith("--GPUJobs.state_dir=") else a
+                   for a in second.args]
+    second.start()
+    assert _nodes(second) == nodes
+    assert "owns the GPUs of this machine" in second.client().gpu_report()["notice"]
+    for server in (second, first):  # SIGTERM, as JupyterHub and systemd stop a server
+        assert server.proc is not None
+        server.proc.terminate()
+        assert server.proc.wait(30) == 0
+        if server is second:
+            assert sorted(p.name for p in nodes.iterdir()) == ["nvidia0", "nvidia1"]
+    assert not nodes.exists()
+
+
 def test_mem_limit_through_the_cli_stops_the_job_with_the_reason(live_server: Any) -> None:
     server = live_server(fake_gpus="1xA100")
     code = "import time; b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(5)"

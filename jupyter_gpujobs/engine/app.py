@@ -143,9 +143,14 @@ async def stop_engine(service: JobService, monitor: Monitor) -> None:
     await monitor.stop()
     await service.stop()
     service.store.close()
+    claim = service.gpu_claim
+    if claim is not None and claim.held:
+        # the fake GPUs' device nodes go with the engine that held the GPUs; one refused them
+        # (another engine of the same data dir runs) leaves them to that one
+        service.gpus.remove_device_nodes()
     service.gpus.close()
-    if service.gpu_claim is not None:
-        service.gpu_claim.release()
+    if claim is not None:
+        claim.release()
 
 
 def socket_in_use(path: str) -> bool:

@@ -68,6 +68,9 @@ class GPUBackend(abc.ABC):
         or denies. Empty where there are none."""
         return {}
 
+    def remove_device_nodes(self) -> None:  # noqa: B027 - optional hook
+        """Remove the device nodes the backend made itself (fake GPUs'); a driver's stay."""
+
 
 class NoGPUBackend(GPUBackend):
     """A machine with no usable GPU: 0 GPUs, and the reason why kept in `reason`."""

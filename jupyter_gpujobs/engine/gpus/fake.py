@@ -29,9 +29,10 @@ What a fake GPU reports:
   `DEFAULT_PROCESS_MEM_MB` for one that does not say; capped at the card's memory.
 - temperature and power: plausible functions of utilization.
 
-Device nodes: given a `device_dir` (the engine gives its state dir's `dev/`), the backend
-makes a real character device per fake GPU there, `nvidia<index>` with the NVIDIA major (195)
-and no driver behind it (needs root; without, there are none). A job's device cgroup allows
+Device nodes: given a `device_dir` (a root engine gives `/dev/gpujobs-fake/<fleet>`, where
+every job's user can open them, and removes them when it stops), the backend makes a real
+character device per fake GPU there, `nvidia<index>` with the NVIDIA major (195) and no driver
+behind it (needs root; without, there are none). A job's device cgroup allows
 or denies them like real ones: an allowed node opens with ENXIO ("no such device or
 address"), a denied one with EPERM, which tests the GPU fence without a GPU.
 
@@ -197,6 +198,20 @@ class FakeBackend(GPUBackend):
 
     def device_nodes(self) -> dict[int, str]:
         return dict(self._nodes)
+
+    def remove_device_nodes(self) -> None:
+        """Remove the nodes made for these GPUs, and their folder once empty."""
+        nodes, self._nodes = self._nodes, {}
+        for path in nodes.values():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if nodes:
+            try:
+                os.rmdir(os.path.dirname(next(iter(nodes.values()))))
+            except OSError:
+                pass  # something else lives there too
 
     # ---------------------------------------------------------------- the interface
 

@@ -144,6 +144,9 @@ class DrainingBackend(GPUBackend):
     def device_nodes(self) -> dict[int, str]:
         return self.inner.device_nodes()  # the GPU fence needs them: never the base class's none
 
+    def remove_device_nodes(self) -> None:
+        self.inner.remove_device_nodes()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
