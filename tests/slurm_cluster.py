@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
+
+from servers import free_port
 
 GPUS = 4
 CPUS = 16
@@ -30,12 +31,6 @@ CPUS = 16
 
 def slurm_installed() -> bool:
     return all(shutil.which(n) for n in ("slurmctld", "slurmd", "sbatch", "munged"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -70,7 +65,7 @@ class SlurmCluster:
         self.conf.write_text(
             f"ClusterName={self.name}\n"
             "SlurmctldHost=localhost(127.0.0.1)\n"
-            f"SlurmctldPort={_free_port()}\nSlurmdPort={_free_port()}\n"
+            f"SlurmctldPort={free_port()}\nSlurmdPort={free_port()}\n"
             "SlurmUser=root\nSlurmdUser=root\n"
             f"AuthInfo=socket={self.munge_socket}\n"
             f"StateSaveLocation={r / 'state'}\nSlurmdSpoolDir={r / 'spool'}\n"

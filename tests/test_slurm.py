@@ -303,40 +303,28 @@ def test_gpu_kernel_runs_as_a_slurm_job_is_interrupted_and_shut_down(server: Any
         k.close()
 
 
-def test_gpu_kernel_past_its_time_limit_is_stopped(server: Any) -> None:
+@pytest.mark.parametrize(("spec", "limits", "state", "reason"), [
+    ("python3-slurm-short", ("--time", "6s", "--max-wait", "1m"), "TIMEOUT", "time limit of 6s reached"),
+    ("python3-slurm-idle", ("--time", "10m", "--idle-timeout", "3s"), "CANCELLED", "idle for 3 s"),
+])
+def test_gpu_kernel_past_its_time_limit_or_idle_is_stopped(server: Any, spec: str, limits: tuple[str, ...],
+                                                           state: str, reason: str) -> None:
+    """The kernel is shut down, its job ends with the reason, and its Slurm job and GPU go."""
     from test_provisioner import Kernels, install_spec, wait_until
 
-    install_spec(server, "python3-slurm-short", "--gpus", "1", "--time", "6s", "--max-wait", "1m")
+    install_spec(server, spec, "--gpus", "1", *limits)
     k = Kernels(server)
     try:
-        kernel = k.start_ok("python3-slurm-short")
+        kernel = k.start_ok(spec)
         with server.client() as client:
-            job = _kernel_job(client, "python3-slurm-short")
+            job = _kernel_job(client, spec)
             sid = slurm_id(client, job["id"])
             assert job["state"] == "RUNNING" and kernel in k.ids(), job
-            wait_until(lambda: kernel not in k.ids(), 20, "timed-out kernel shut down")
+            wait_until(lambda: kernel not in k.ids(), 30, "kernel shut down")
             final = client.wait(job["id"], timeout=10)
-            assert final["state"] == "TIMEOUT" and "time limit" in final["reason"], final
+            assert (final["state"], final["reason"]) == (state, reason), final
             wait_until(lambda: sid not in squeue("-o", "%i").split(), 15, "Slurm job ended")
             assert all(g["job_id"] != job["id"] for g in client.gpus())
-    finally:
-        k.close()
-
-
-def test_idle_gpu_kernel_on_slurm_is_reclaimed(server: Any) -> None:
-    from test_provisioner import Kernels, install_spec, wait_until
-
-    install_spec(server, "python3-slurm-idle", "--gpus", "1", "--time", "10m", "--idle-timeout", "3s")
-    k = Kernels(server)
-    try:
-        kernel = k.start_ok("python3-slurm-idle")
-        with server.client() as client:
-            job = _kernel_job(client, "python3-slurm-idle")
-            sid = slurm_id(client, job["id"])
-            wait_until(lambda: kernel not in k.ids(), 30, "idle kernel shut down")
-            final = client.wait(job["id"], timeout=10)
-            assert final["state"] == "CANCELLED" and final["reason"] == "idle for 3 s", final
-            wait_until(lambda: sid not in squeue("-o", "%i").split(), 15, "Slurm job ended")
     finally:
         k.close()
 
