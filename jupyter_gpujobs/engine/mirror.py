@@ -248,7 +248,7 @@ class Mirror:
     def release(self, job: Job, handle: dict[str, Any] | None, state: JobState, reason: str) -> None:
         """A GPU kernel's job ended outside Slurm (shut down, idle, time limit, server gone):
         scancel its Slurm job, off the event loop, so its GPUs go back to Slurm."""
-        if handle is None or str(handle.get("slurm_id")) in self.runner._stop_reasons:
+        if handle is None or self.runner.stopping(handle):
             return  # not in Slurm yet, or already scancelled (a cancel)
         outcome = "timeout" if state is JobState.TIMEOUT else "cancelled"
         args = (job.id, handle, reason, outcome)

@@ -287,6 +287,10 @@ class SlurmRunner(Runner):
         except SlurmError as err:
             log.warning("gpujobs: scancel %s failed: %s", slurm_id, err)
 
+    def stopping(self, handle: dict[str, Any]) -> bool:
+        """Has the engine scancelled this job already (its end is not reported yet)?"""
+        return str(handle.get("slurm_id") or "") in self._stop_reasons
+
     # ------------------------------------------------------------------ watch
 
     def squeue(self, *filters: str) -> list[dict[str, Any]]:
