@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from runner_waits import wait_file, wait_pids
+from servers import wait_job
 
 from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 U1, U2 = "gpujobs-u1", "gpujobs-u2"
 TOKENS = {"tok-u1": U1, "tok-u2": U2}
 
@@ -43,25 +43,7 @@ def open_dir() -> Iterator[Path]:
 
 
 def _two_user_server(live_server: Any, **config: Any) -> Any:
-    server = live_server(
-        fake_gpus="2xA100", config={"user_identity": "jupyter", **config},
-        extra_args=["--ServerApp.identity_provider_class=identity.TokenUsers",
-                    f"--TokenUsers.users={json.dumps(TOKENS)}"],
-        start=False,
-    )
-    server.env["PYTHONPATH"] = str(TESTS) + ":" + server.env.get("PYTHONPATH", "")
-    server.token = "tok-u1"
-    return server.start()
-
-
-def _wait(client: GPUJobsClient, job_id: int, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.job(job_id)
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, (job["state"], job["reason"])
-        time.sleep(0.1)
+    return live_server(fake_gpus="2xA100", config=config, users=TOKENS)
 
 
 def _nodes(server: Any) -> Path:
@@ -82,13 +64,13 @@ def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, 
     theirs = u2.submit(["/bin/sh", "-c", f"id -un; echo $$ > {pid_file}; echo secret-of-u2; exec sleep 60"],
                        gpus=1, cwd=str(open_dir), time_limit="2m")
     u2_pid = int(wait_file(pid_file))
-    running = _wait(u2, theirs["id"], ("RUNNING",))
+    running = wait_job(u2, theirs["id"], ("RUNNING",))
     u2_log = server.state_dir / "logs" / f"job-{theirs['id']}.log"
     nodes = _nodes(server)
     mine_probe = (f"id -un; cat {u2_log} 2>&1; kill -TERM {u2_pid} 2>&1; kill -9 $PPID 2>&1; "
                   f"for i in 0 1; do (exec 3<{nodes}/nvidia$i) 2>&1 | sed \"s/^/gpu$i: /\"; done; echo gpus=$CUDA_VISIBLE_DEVICES")
     mine = u1.submit(["/bin/sh", "-c", mine_probe], gpus=1, cwd=str(open_dir), time_limit="1m")
-    done = _wait(u1, mine["id"], ENDED)
+    done = wait_job(u1, mine["id"], ENDED)
     assert done["state"] == "COMPLETED", done["reason"]
     log = u1.log(mine["id"])["data"]
     lines = [line for line in log.splitlines() if line]
@@ -127,7 +109,7 @@ def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_serv
     script = (f"setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' & "
               f"sleep 0.2; kill -9 $PPID; echo $$ >> {pids}; sleep 300")
     job = u1.submit(["/bin/sh", "-c", script], gpus=2, cwd=str(open_dir), time_limit="4s")
-    _wait(u1, job["id"], ("RUNNING",))
+    wait_job(u1, job["id"], ("RUNNING",))
     # submitted once the job holds both GPUs: it can start only on a GPU the job gave back
     waiting = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir))
     job_pids = wait_pids(pids, 2, timeout=20)
@@ -142,7 +124,7 @@ def test_job_killing_its_supervisor_keeps_its_gpu_until_its_time_limit(live_serv
     assert u1.job(job["id"])["state"] == "TIMEOUT"
     for pid in job_pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
-    assert _wait(u1, waiting["id"], ENDED)["state"] == "COMPLETED"
+    assert wait_job(u1, waiting["id"], ENDED)["state"] == "COMPLETED"
 
 
 def test_without_cgroups_the_plain_message_and_todays_behaviour(live_server: Any, tmp_path: Path) -> None:
@@ -161,12 +143,12 @@ def test_without_cgroups_the_plain_message_and_todays_behaviour(live_server: Any
     first = client.submit(["/bin/sh", "-c", f"(exec 3<{nodes}/nvidia1) 2>&1; echo gpus=$CUDA_VISIBLE_DEVICES; "
                                             f"ln -s {target} {server.state_dir}/logs/job-$((GPUJOBS_JOB_ID + 1)).log"],
                           gpus=1)
-    assert _wait(client, first["id"], ENDED)["state"] == "COMPLETED"
+    assert wait_job(client, first["id"], ENDED)["state"] == "COMPLETED"
     log = client.log(first["id"])["data"]
     assert "No such device or address" in log and "gpus=0" in log  # no fence: every node opens
     second = client.submit(["/bin/sh", "-c", "echo output-of-the-next-job"], gpus=0)
     assert second["id"] == first["id"] + 1
-    assert _wait(client, second["id"], ENDED)["state"] == "COMPLETED"
+    assert wait_job(client, second["id"], ENDED)["state"] == "COMPLETED"
     assert target.read_text() == "precious\n"
     assert client.log(second["id"])["data"] == "output-of-the-next-job\n"
 
@@ -200,7 +182,7 @@ def test_mem_limit_through_the_cli_stops_the_job_with_the_reason(live_server: An
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)
     assert job["mem_bytes"] == 128 << 20 and job["cpus"] == 1.0
-    done = _wait(server.client(), job["id"], ENDED)
+    done = wait_job(server.client(), job["id"], ENDED)
     assert done["state"] == "FAILED"
     assert done["reason"].startswith("host memory limit of 128M reached"), done["reason"]
     bad = server.cli("submit", "--gpus", "0", "--mem", "lots", "--", "/bin/true")
@@ -241,7 +223,7 @@ def test_notebook_job_reads_and_writes_with_its_owners_rights_only(live_server: 
     mine, theirs = folders
     try:
         job = u1.submit_notebook(str(mine / "in.ipynb"), gpus=0, cwd=str(mine))
-        done = _wait(u1, job["id"], ENDED, timeout=120)
+        done = wait_job(u1, job["id"], ENDED, timeout=120)
         assert done["state"] == "COMPLETED", (done["reason"], u1.log(job["id"])["data"][-2000:])
         out = mine / f"in-job{job['id']}.ipynb"
         assert f"ran as {U1}" in out.read_text()
@@ -249,7 +231,7 @@ def test_notebook_job_reads_and_writes_with_its_owners_rights_only(live_server: 
         assert pwd.getpwuid(st.st_uid).pw_name == U1 and st.st_mode & 0o077 == 0
 
         stolen = u1.submit_notebook(str(theirs / "in.ipynb"), gpus=0, cwd="/tmp")
-        failed = _wait(u1, stolen["id"], ENDED, timeout=120)
+        failed = wait_job(u1, stolen["id"], ENDED, timeout=120)
         assert failed["state"] == "FAILED"
         assert "Permission denied" in u1.log(stolen["id"])["data"]
         assert not list(theirs.glob("in-job*.ipynb"))
