@@ -495,8 +495,6 @@ class Shim:
         cwd = spec.get("cwd") or None
         if not command:
             return self.fail_to_start(spec, "no command to run", log_fd)
-        if cwd and user is None and not os.path.isdir(cwd):
-            return self.fail_to_start(spec, f"working directory not found: {cwd}", log_fd)
 
         env = job_environment(spec, dict(os.environ))
         if user is not None:
