@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from slurm_cluster import SlurmCluster
 
+from jupyter_gpujobs.client import GPUJobsError
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -351,6 +353,34 @@ def test_time_limit_ends_the_job_as_timeout(server: Any, time_limit_job: dict[st
     assert "time limit" in done["reason"]
     assert 55 <= done["ended_at"] - done["started_at"] <= 130
     assert any(e["state"] == "WARNING" and "time limit in" in e["reason"] for e in events), events
+
+
+def test_a_root_engine_refuses_jobs_it_would_run_as_root_instead_of_their_owner(slurm: SlurmCluster,
+                                                                                   tmp_path: Path) -> None:
+    """A Unix user's job on a root engine would run as root through sbatch: refused, naming why."""
+    import pwd
+
+    from servers import live_servers
+
+    if os.geteuid() != 0:
+        pytest.skip("needs a root engine")
+    try:
+        pwd.getpwnam("gpujobs-u1")
+    except KeyError:
+        pytest.skip("needs the test user gpujobs-u1 (scripts/install-multiuser.sh)")
+    factory = live_servers(tmp_path)
+    make = next(factory)
+    try:
+        server = make(config={"runner": "slurm"}, users={"tok-u1": "gpujobs-u1"},
+                      extra_args=["--Slurm.poll_interval=0.25"])
+        with server.client() as client:
+            with pytest.raises(GPUJobsError) as refused:
+                client.submit(["id", "-u"], gpus=1, cwd="/tmp")
+            assert refused.value.status == 400 and refused.value.field == "user"
+            assert "would run the job as root, not as gpujobs-u1" in refused.value.message
+            assert client.jobs()["jobs"] == [], "nothing was queued"
+    finally:
+        next(factory, None)
 
 
 def test_ignored_settings_are_logged_once(server: Any) -> None:

@@ -6,8 +6,9 @@ import pytest
 from traitlets import TraitError
 
 from jupyter_gpujobs.config import GPUJobs
-from jupyter_gpujobs.engine.runners import make_runner, runner_names
+from jupyter_gpujobs.engine.runners import LaunchRequest, make_runner, runner_names
 from jupyter_gpujobs.engine.runners.slurm import (
+    SlurmError,
     SlurmRunner,
     _gpu_indices,
     _in_task_string,
@@ -64,3 +65,16 @@ def test_a_failure_reads_as_under_the_local_runner(tmp_path) -> None:
     assert runner._exit(1, "11", "FAILED", "", 3 << 8, 0.0).reason == "failed (exit code 3)"
     killed = runner._exit(2, "12", "FAILED", "", 11, 0.0)
     assert (killed.outcome, killed.signal, killed.reason) == ("failed", 11, "killed by signal SIGSEGV")
+
+
+def test_a_job_to_run_as_another_user_is_never_handed_to_sbatch(tmp_path) -> None:
+    """sbatch would run it as the engine's user (root on a shared engine): refused before it."""
+    from jupyter_gpujobs.model import Job
+
+    runner = SlurmRunner(tmp_path)
+    assert runner.runs_as_owner is False
+    req = LaunchRequest(job_id=1, command=["id", "-u"], cwd=str(tmp_path), env={}, gpu_indices=[], gpu_uuids=[],
+                        time_limit_s=60, grace_s=1, log_path=str(tmp_path / "job-1.log"), run_as="alice")
+    with pytest.raises(SlurmError, match="cannot run jobs as alice"):
+        runner.submit([Job(id=1, user="alice", command=["id", "-u"], gpus=0, time_limit_s=60)], [req])
+    assert not list(tmp_path.glob("*.sh")), "no batch script was written for it"

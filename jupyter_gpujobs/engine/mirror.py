@@ -51,7 +51,7 @@ class Mirror:
         for job in pending + running:
             s._keep(job)
             handle = s.store.runner_handle(job.id)
-            if handle and handle.get("runner") == getattr(self.runner, "name", None):
+            if handle and handle.get("runner") == self.runner.name:
                 s._handles[job.id] = handle
             elif job.state is JobState.RUNNING:  # started by another runner (c.GPUJobs.runner changed)
                 s._finish(job.id, Exit(job.id, "lost", None, None,

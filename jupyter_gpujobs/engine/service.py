@@ -729,6 +729,10 @@ class JobService:
             unix_user = run_as(user, self.run_as_owner)
         except NotAUnixUser as err:
             raise InvalidInput("user", str(err)) from None
+        if unix_user is not None and not self.runner.runs_as_owner:
+            raise InvalidInput("user", f"this engine runs as {_engine_user()} and its {self.runner.name} runner "
+                                       f"would run the job as {_engine_user()}, not as {unix_user}: run the engine "
+                                       "as the account that submits to the cluster (docs/slurm.md)")
         if unix_user is not None and not can_enter(fields["cwd"], unix_user):
             raise InvalidInput("cwd", f"cwd {fields['cwd']} is not accessible to {unix_user}")
         if not os.path.isdir(fields["cwd"]):
@@ -1349,6 +1353,15 @@ def _resolve_cwd(value: str | None, root_dir: str) -> str:
             raise InvalidInput("cwd", f"{repr(value[:200])} leads outside the server's root directory; give a path "
                                       "inside it, or an absolute path")
     return path
+
+
+def _engine_user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
 
 
 def _foreign_text(gpu: GPU, processes: list[Any]) -> str:

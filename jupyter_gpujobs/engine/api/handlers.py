@@ -391,7 +391,7 @@ class InfoHandler(GPUJobsHandler):
             "admin": admin,
             "identity": self.settings.get("gpujobs_identity", "unix"),
             "backend": self.service.gpus.name,
-            "runner": getattr(self.service.runner, "name", "local"),
+            "runner": self.service.runner.name,
             "gpus": len(gpus),
             "gpu_models": sorted({g["name"] for g in gpus}),
             "store": store,

@@ -61,6 +61,13 @@ class Runner(abc.ABC):
     """Starts runs, stops them, and reports their ends. Handles are JSON-able dicts that the
     service stores, so a restarted server can reattach to runs that outlived it."""
 
+    #: The runner's name, as `c.GPUJobs.runner` and GET info give it.
+    name = ""
+    #: Whether the runner starts a job as the Unix user `LaunchRequest.run_as` names. A runner
+    #: that cannot must not be handed such a job: it would run it as the engine's own user
+    #: (root, on a shared engine), so the service refuses those jobs at submit.
+    runs_as_owner = True
+
     def prepare(self, req: LaunchRequest) -> dict[str, Any]:
         """Choose where the run will live, before anything starts: the handle the service
         records with the job's RUNNING transition, so that a restart finds the run even if

@@ -42,6 +42,7 @@ _PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
 class LocalRunner(Runner):
     """Runs jobs on this machine under one supervisor (shim) process each."""
 
+    name = "local"
     #: most supervisors kept waiting, whatever `standbys` is asked for
     MAX_STANDBYS = 8
 

@@ -140,6 +140,9 @@ class SlurmRunner(Runner):
     name = "slurm"
     #: The engine does not schedule: Slurm does, and the service only mirrors it.
     schedules_itself = True
+    #: sbatch submits as the engine's own user, so jobs would run as it (root on a shared
+    #: engine): jobs of other Unix users are refused (see JobService._validated).
+    runs_as_owner = False
 
     def __init__(self, state_dir: Path, settings: Slurm | None = None):
         self.state_dir = Path(state_dir)
@@ -202,6 +205,10 @@ class SlurmRunner(Runner):
                begin: float | None = None) -> list[dict[str, Any]]:
         """Submit one job, or the tasks of one array (all of `jobs`, which share array_job_id),
         with one sbatch call. Returns a handle per job. Raises SlurmError with Slurm's message."""
+        owners = {r.run_as for r in requests if r.run_as}
+        if owners:  # refused at submit; a job queued before an upgrade must not run as root either
+            raise SlurmError(f"the Slurm runner cannot run jobs as {', '.join(sorted(owners))}: "
+                             "it submits as the engine's own user")
         first = jobs[0]
         array = len(jobs) > 1 or first.array_index is not None
         script = self._write_script(jobs, requests)
@@ -524,7 +531,7 @@ IGNORED_SETTINGS = (
     "user_max_running_jobs", "user_max_gpus", "backfill", "reservation_depth", "fairshare",
     "fairshare_half_life", "weight_age", "weight_fairshare", "weight_class", "weight_size", "user_shares",
     "group_shares", "user_quotas", "group_quotas", "default_user_quota", "urgent_reserve_gpus", "preemption",
-    "preempt_grace", "preempt_min_runtime", "run_as_owner", "cgroups", "use_predictions", "estimate_interval", "tick_interval",
+    "preempt_grace", "preempt_min_runtime", "cgroups", "use_predictions", "estimate_interval", "tick_interval",
     "poll_interval", "fake_gpus", "rogue_policy", "drain_after_errors",
 )
 
