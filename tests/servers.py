@@ -156,7 +156,7 @@ class LiveServer:
     def start(self, timeout: float = 60.0, port_tries: int = 3) -> LiveServer:
         """Start the server; a port taken meanwhile (free_port() found it free, but another
         test, kernel or job bound it before the server did) is replaced by another free one."""
-        self.log_path = self.state_dir.parent / f"server-{len(self._logs)}.log"
+        self.log_path = self.state_dir.parent / f"{self.state_dir.name}-server-{len(self._logs)}.log"
         self._logs.append(self.log_path)
         out = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -190,7 +190,9 @@ class LiveServer:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            # SIGTERM, as systemd and JupyterHub stop a server: its extensions shut down (with no
+            # terminal, SIGINT ends the process without stopping the engine)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
