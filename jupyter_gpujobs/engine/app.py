@@ -54,7 +54,7 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     except ValueError as err:
         raise SystemExit(str(err)) from None
     claim = None
-    if getattr(runner, "schedules_itself", False):
+    if runner.schedules_itself:
         from .runners.slurm import SlurmGPUs, ignored_settings
 
         backend: Any = SlurmGPUs(runner)  # the cluster's GPUs, as its scheduler sees them (it allocates them)

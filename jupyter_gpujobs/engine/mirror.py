@@ -56,7 +56,7 @@ class Mirror:
             elif job.state is JobState.RUNNING:  # started by another runner (c.GPUJobs.runner changed)
                 s._finish(job.id, Exit(job.id, "lost", None, None,
                                        f"started by the {(handle or {}).get('runner') or 'local'} runner; this "
-                                       f"engine now hands jobs to {getattr(self.runner, 'name', 'its runner')}",
+                                       f"engine now hands jobs to {self.runner.name}",
                                        s.clock()))
 
     async def loop(self) -> None:

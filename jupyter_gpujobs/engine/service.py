@@ -41,7 +41,7 @@ from ..model import (
 )
 from .claim import GPUClaim
 from .gpus import GPUBackend
-from .runners import NOT_STARTED_REASON, Exit, LaunchRequest, LocalRunner
+from .runners import NOT_STARTED_REASON, Exit, LaunchRequest, Runner
 from .runners.cgroups import FENCE_OFF
 from .runners.users import NotAUnixUser, can_enter, in_group, run_as
 from .scheduler import schedule
@@ -102,7 +102,7 @@ class JobService:
         self,
         store: Store,
         gpus: GPUBackend,
-        runner: LocalRunner,
+        runner: Runner,
         policy: Policy,
         *,
         state_dir: Path,
@@ -209,7 +209,7 @@ class JobService:
         os.chmod(self.state_dir / "logs", 0o700)
         # a runner that schedules itself (Slurm): the engine mirrors it instead of scheduling
         self.mirror: Any = None
-        if getattr(runner, "schedules_itself", False):
+        if runner.schedules_itself:
             from .mirror import Mirror
 
             self.mirror = Mirror(self, runner)  # type: ignore[arg-type]
@@ -256,9 +256,7 @@ class JobService:
                 pass
         self._tasks = []
         self._save_usage(self.clock())
-        close = getattr(self.runner, "close", None)
-        if close is not None:
-            close()
+        self.runner.close()
 
     # ================================================================= fair-share usage
 
@@ -1327,9 +1325,8 @@ class JobService:
         )
 
     def _discard(self, handle: dict[str, Any]) -> None:
-        discard = getattr(self.runner, "discard", None)
-        if handle and discard is not None:
-            discard(handle)
+        if handle:
+            self.runner.discard(handle)
 
 
 def _resolve_cwd(value: str | None, root_dir: str) -> str:

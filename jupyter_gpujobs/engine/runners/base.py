@@ -67,6 +67,9 @@ class Runner(abc.ABC):
     #: that cannot must not be handed such a job: it would run it as the engine's own user
     #: (root, on a shared engine), so the service refuses those jobs at submit.
     runs_as_owner = True
+    #: Whether the runner's own scheduler decides (Slurm): the engine then mirrors it
+    #: (engine/mirror.py) instead of running its cycle.
+    schedules_itself = False
 
     def prepare(self, req: LaunchRequest) -> dict[str, Any]:
         """Choose where the run will live, before anything starts: the handle the service
@@ -98,3 +101,11 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def alive(self, handle: dict[str, Any]) -> bool:
         """Is the run still going: its supervisor is there and has not written a result?"""
+
+    def discard(self, handle: dict[str, Any]) -> None:
+        """Forget a run that was prepared but will not start (its job was not started after all)."""
+        return None
+
+    def close(self) -> None:
+        """The engine stops: let go of what the runner holds (running jobs are not touched)."""
+        return None
