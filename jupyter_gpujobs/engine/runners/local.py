@@ -101,9 +101,14 @@ class LocalRunner(Runner):
         proc = self._take_standby(pythonpath)
         if proc is not None:
             assert proc.stdin is not None
-            proc.stdin.write(f"{job_dir}\n".encode())
-            proc.stdin.close()
-        else:
+            try:
+                proc.stdin.write(f"{job_dir}\n".encode())
+                proc.stdin.close()
+            except OSError:  # it died after it was taken (BrokenPipe): start one for this job
+                proc.kill()
+                proc.wait()
+                proc = None
+        if proc is None:
             with open(job_dir / "shim.log", "wb") as shim_log:
                 proc = subprocess.Popen(
                     [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", str(job_dir)],
