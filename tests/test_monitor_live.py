@@ -5,9 +5,10 @@ started outside the queue."""
 from __future__ import annotations
 
 import sys
-import time
 from datetime import datetime
 from typing import Any
+
+from servers import wait_until
 
 from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.engine.store import monitoring as mstore
@@ -16,14 +17,6 @@ from jupyter_gpujobs.model import GPU, JobState
 PY = sys.executable
 
 
-def wait_until(predicate: Any, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_cli_usage_heatmap_and_findings(live_server: Any) -> None:

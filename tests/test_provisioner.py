@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from servers import wait_until
 
 from jupyter_gpujobs.jupyter.provisioner import GPUKernelProvisioner, GPUKernelStartError, human_duration
 
@@ -147,14 +148,6 @@ def kernels() -> Iterator[Callable[[Any], Kernels]]:
         k.close()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.1)
 
 
 def kernel_jobs(client: Any) -> list[dict[str, Any]]:
