@@ -29,6 +29,8 @@ async def test_queue_is_paged(api: Any) -> None:
     assert [j["id"] for j in last["jobs"]] == ids[4:] and last["next"] is None
     status, past = await api("GET", "queue", params={"offset": "50"})
     assert past["jobs"] == [] and past["total"] == 5
+    status, far = await api("GET", "queue", params={"offset": str(2**63 - 2)})  # the largest offsets too
+    assert status == 200 and far["jobs"] == [] and far["total"] == 5
     status, whole = await api("GET", "queue")
     assert [j["id"] for j in whole["jobs"]] == ids and whole["next"] is None
     status, nobody = await api("GET", "queue", params={"user": "nobody-else"})

@@ -635,7 +635,10 @@ class JobService:
         """Jobs `offset` to `offset + limit` of `queue()` (of `user`'s jobs only, when given)
         and how many there are in all."""
         if user is None:
-            return list(islice(self._in_queue_order(), offset, offset + limit)), len(self._pending)
+            total = len(self._pending)
+            if offset >= total:  # (also keeps islice's bounds within sys.maxsize for any offset)
+                return [], total
+            return list(islice(self._in_queue_order(), offset, min(offset + limit, total))), total
         mine = [job for job in self._in_queue_order() if job.user == user]
         return mine[offset:offset + limit], len(mine)
 
