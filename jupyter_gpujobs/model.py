@@ -179,6 +179,71 @@ def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
     return value
 
 
+#: The smallest share of one GPU a job may ask for (`gpus: 0.01`).
+MIN_SHARE = 0.01
+
+
+def parse_gpus(value: Any, field_name: str = "gpus") -> tuple[int, float | None]:
+    """A GPU request: a whole number of GPUs (`2` -> (2, None); `0`: no GPU) or a share of one
+    GPU strictly between 0 and 1 (`0.25` or `"0.25"` -> (1, 0.25): one card, a quarter of its
+    memory and time). A share job's `gpus` is 1: it needs one card, which it shares."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{0,6}\.[0-9]{1,6}\s*", value):
+        value = float(value)
+    if isinstance(value, float) and not isinstance(value, bool) and not value.is_integer():
+        if value != value or value < 0:
+            raise InvalidInput(field_name, f"expected a number of GPUs such as 1, 2 or a share such as 0.25, "
+                                           f"got {value!r}")
+        if value > 1:
+            raise InvalidInput(field_name, f"cannot ask for {value:g} GPUs: ask for a whole number of GPUs "
+                                           f"(e.g. {int(value) + 1}) or a share of one GPU below 1 (e.g. 0.5)")
+        if value < MIN_SHARE:
+            raise InvalidInput(field_name, f"a share of {value:g} of a GPU is below the smallest, {MIN_SHARE:g}")
+        return 1, round(value, 4)
+    return parse_gpu_count(value, field_name), None
+
+
+#: Bytes of GPU memory: the smallest a share may ask for.
+MIN_GPU_MEMORY = 64 << 20
+
+
+def parse_gpu_memory(value: Any, field_name: str = "gpu_memory") -> int:
+    """Bytes of GPU memory asked for on one card: "20G", "512M", "20GB", "16GiB", or a number of
+    megabytes (as --mem)."""
+    size = _parse_size(value, field_name)
+    if size < MIN_GPU_MEMORY:
+        raise InvalidInput(field_name, f"{_short(value)} is below the smallest GPU memory share, 64M")
+    if size > MAX_MEM_BYTES:
+        raise InvalidInput(field_name, f"{_short(value)} is more GPU memory than any GPU has")
+    return size
+
+
+def is_share(job: Job) -> bool:
+    """Does the job ask for part of one GPU (a share or a GPU memory amount) rather than whole GPUs?"""
+    return job.share is not None or job.gpu_memory is not None
+
+
+def share_memory_bytes(job: Job, gpu_total_bytes: int) -> int | None:
+    """The GPU memory a share job may use on a card of `gpu_total_bytes`: its `gpu_memory`
+    when it asked for an amount, else its share of the card's memory. None for a job of whole
+    GPUs (it may use all of each card)."""
+    if job.gpu_memory is not None:
+        return job.gpu_memory
+    if job.share is not None:
+        return int(job.share * gpu_total_bytes)
+    return None
+
+
+def share_fraction(job: Job, gpu_total_bytes: int) -> float:
+    """The part of one card a share job takes on a card of `gpu_total_bytes` (its time-slice,
+    and what quotas and fair-share count): its `share`, else its memory over the card's (1.0 when
+    the card's memory is unknown). For a job of whole GPUs: its number of GPUs."""
+    if job.share is not None:
+        return job.share
+    if job.gpu_memory is not None:
+        return min(1.0, job.gpu_memory / gpu_total_bytes) if gpu_total_bytes > 0 else 1.0
+    return float(job.gpus)
+
+
 def parse_id(value: Any, field_name: str = "id") -> int:
     """A job (or other record) id: a whole number from 1 to 2^63-1, as a number or its ASCII digits."""
     if isinstance(value, str) and re.fullmatch(r"[0-9]{1,19}", value):
@@ -378,7 +443,7 @@ class Job:
     command: list[str] = field(default_factory=list)
     kind: str = "script"
     name: str = ""
-    gpus: int = 1
+    gpus: int = 1  # whole GPUs; 1 for a share job (one card, shared)
     gpu_type: str | None = None
     time_limit_s: int | None = None
     priority: str = "normal"
@@ -396,6 +461,9 @@ class Job:
     payload: dict[str, Any] = field(default_factory=dict)  # kind-specific (notebook path, params...)
     mem_bytes: int | None = None  # host memory limit (--mem), enforced by the job's cgroup
     cpus: float | None = None  # CPU limit in cores (--cpus), enforced by the job's cgroup
+    # part of one GPU (`gpus: 0.25`): 0 < share < 1 of the card's memory and time; None for whole GPUs
+    share: float | None = None
+    gpu_memory: int | None = None  # bytes of one card's memory asked for (`gpu_memory: "20G"`)
     # --- state
     state: JobState = JobState.PENDING
     submitted_at: float = 0.0
@@ -489,8 +557,9 @@ class Policy:
 class Start:
     job_id: int
     host: str
-    gpus: tuple[int, ...]  # GPU indices on that host
+    gpus: tuple[int, ...]  # GPU indices on that host (one for a share job)
     borrowed: bool = False
+    share: float | None = None  # a share job: the part of the card it takes (`share_fraction`)
 
 
 @dataclass(frozen=True)
@@ -590,7 +659,7 @@ class Plan:
 SUBMIT_FIELDS = {
     "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
     "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
-    "mem", "cpus",
+    "mem", "cpus", "gpu_memory",
 }
 
 #: Smallest and largest host memory limit a job may ask for, and the most CPUs.
@@ -600,14 +669,19 @@ MAX_CPUS = 4096
 _MEM_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+def _parse_size(value: Any, field_name: str) -> int:
+    """Bytes from "32G", "512M", "1.5T", "20GB", "16GiB" or a number of megabytes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidInput(field_name, f"expected a size such as 32G or 512M, got {_short(value)}")
+    m = re.fullmatch(r"\s*(\d{1,15}(?:\.\d{1,9})?)\s*([KMGT]?)(?:I?B)?\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise InvalidInput(field_name, f"cannot read the size {_short(value)}; use e.g. 32G or 512M")
+    return int(float(m.group(1)) * _MEM_UNITS[m.group(2).upper()])
+
+
 def parse_memory(value: Any, field_name: str = "mem") -> int:
     """Bytes of a host memory limit: "32G", "512M", "1.5T", or a number of megabytes (as Slurm's --mem)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidInput(field_name, f"expected a size such as 32G or 512M, got {value!r}")
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", str(value), re.IGNORECASE)
-    if not m:
-        raise InvalidInput(field_name, f"cannot read the size {value!r}; use e.g. 32G or 512M")
-    size = int(float(m.group(1)) * _MEM_UNITS[m.group(2).upper()])
+    size = _parse_size(value, field_name)
     if not MIN_MEM_BYTES <= size <= MAX_MEM_BYTES:
         raise InvalidInput(field_name, f"{value!r} is out of range; a host memory limit is between 16M and 1024T")
     return size
@@ -723,7 +797,13 @@ def validate_submission(
     if kind == "script" and not command_list:
         raise InvalidInput("command", "a script job needs a command, e.g. \"python train.py\"")
 
-    n_gpus = parse_gpu_count(body.get("gpus", 1))
+    n_gpus, share = parse_gpus(body.get("gpus", 1))
+    gpu_memory = None
+    if body.get("gpu_memory") not in (None, ""):
+        gpu_memory = parse_gpu_memory(body["gpu_memory"])
+        if n_gpus != 1:
+            raise InvalidInput("gpu_memory", f"asks for memory on one shared GPU; it cannot go with gpus: {n_gpus} "
+                                             "(ask for gpus: 1 or a share such as 0.5)")
     gpu_type = body.get("gpu_type")
     if gpu_type is not None:
         if not isinstance(gpu_type, str) or not gpu_type.strip():
@@ -743,6 +823,11 @@ def validate_submission(
         if n_gpus > most:
             what = f"{gpu_type} GPUs" if gpu_type else "GPUs"
             raise InvalidInput("gpus", f"asked for {n_gpus} but this server has only {most} {what}")
+        largest = max(candidates, key=lambda g: g.memory_total_mb)
+        if gpu_memory is not None and largest.memory_total_mb and gpu_memory > largest.memory_total_mb << 20:
+            raise InvalidInput("gpu_memory", f"{format_bytes(gpu_memory)} is more than any "
+                                             f"{gpu_type + ' ' if gpu_type else ''}GPU here has (the largest, "
+                                             f"{largest.name}, has {format_bytes(largest.memory_total_mb << 20)})")
     elif gpu_type and not gpus and n_gpus > 0:
         pass  # no inventory (yet): the job waits with "no GPUs on this server"
 
@@ -822,6 +907,8 @@ def validate_submission(
         "array_max_running": array_limit,
         "mem_bytes": parse_memory(mem) if mem not in (None, "") else None,
         "cpus": parse_cpus(cpus) if cpus not in (None, "") else None,
+        "share": share,
+        "gpu_memory": gpu_memory,
     }
 
 

@@ -13,7 +13,7 @@ GOOD = {"command": ["python", "-c", "pass"], "gpus": 1}
 
 CASES = [
     ({**GOOD, "gpus": -1}, 400, "gpus", "negative"),
-    ({**GOOD, "gpus": 0.5}, 400, "gpus", "whole number"),
+    ({**GOOD, "gpus": 2.5}, 400, "gpus", "whole number"),
     ({**GOOD, "gpus": 3}, 400, "gpus", "only 2"),
     ({**GOOD, "gpu_type": "H100"}, 400, "gpu_type", "no H100 GPUs"),
     ({**GOOD, "time_limit": "ten minutes"}, 400, "time_limit", "cannot read duration"),

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from schema_upgrade import check_newer_schema_is_refused, check_upgrade_keeps_jobs
+from sqlalchemy import MetaData, insert
+
+from jupyter_gpujobs.model import JobState
 
 
 def test_upgrade_from_the_first_schema_keeps_jobs_and_events(tmp_path: Path) -> None:
@@ -22,13 +25,21 @@ def test_upgrade_to_stored_quotas_keeps_jobs_and_keeps_quotas_across_reopening(t
 
     url = f"sqlite:///{tmp_path / 'gpujobs.sqlite'}"
     old = Store(url)
-    old.migrate("0003")  # the schema before quotas were stored
-    job = old.add_jobs([{"user": "alice", "command": ["true"], "gpus": 1}], actor="alice", now=1.0)[0]
+    old.migrate("0003")  # the schema before quotas were stored, written through its own tables
+    meta = MetaData()
+    meta.reflect(old.engine)
+    with old.engine.begin() as conn:
+        job_id = conn.execute(insert(meta.tables["jobs"]).values(
+            user="alice", kind="script", command=["true"], gpus=1, priority="normal", preemptible=False,
+            requeue=True, offpeak=False, depends=[], env={}, payload={}, state="PENDING", submitted_at=1.0,
+            assigned_gpus=[], borrowed=False, reason="submitted", run_seconds=0.0, restarts=0,
+            runner_handle={})).inserted_primary_key[0]
     old.close()
     store = Store(url)
     store.migrate()
     assert store.revision() != "0003"
-    assert store.get(job.id) == job
+    job = store.get(job_id)
+    assert job is not None and (job.user, job.command, job.gpus, job.state) == ("alice", ["true"], 1, JobState.PENDING)
     store.set_quota("users", "alice", {"max_gpus": 1}, "admin", 10.0)
     store.set_quota("users", "alice", {"max_gpus": 2}, "root", 20.0)
     store.set_quota("groups", "vision", {"guaranteed_gpus": 2}, "admin", 30.0)

@@ -583,6 +583,7 @@ class JobService:
             "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
             "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
+            "share": job.share, "gpu_memory": job.gpu_memory,
         }
         return out
 
@@ -1126,7 +1127,8 @@ class JobService:
             job = self._pending.get(start.job_id)
             if job is None:  # no longer pending
                 continue
-            self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed)
+            self._launch(job, start.host, [by_host[(start.host, i)] for i in start.gpus], start.borrowed,
+                         start.share)
         self.cycle_seconds.append(time.perf_counter() - t0)
         del self.cycle_seconds[:-200]
         return plan
@@ -1246,12 +1248,14 @@ class JobService:
                 elif now >= end + self.kill_grace_s + 5:
                     self._terminate(job, reason, "timeout", self.kill_grace_s)
 
-    def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool) -> None:
+    def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool, share: float | None = None) -> None:
         """Start a job, crash-safe: where its run will live is stored with its RUNNING
         transition, before its supervisor starts, so a restart at any point finds the run
         (see `reconcile`) rather than calling the job lost while it runs."""
         now = self.clock()
         reason = "started on GPU " + ",".join(str(g.index) for g in gpus) if gpus else "started (no GPU)"
+        if share is not None and gpus:
+            reason = f"started on a {share:g} share of GPU {gpus[0].index}"
         if borrowed:
             reason += " (borrowed: may be reclaimed)"
         request: LaunchRequest | None = None
@@ -1270,7 +1274,8 @@ class JobService:
                 return
         try:
             started = self.store.start(job.id, host, [(g.index, g.uuid) for g in gpus], now,
-                                       borrowed=borrowed, reason=reason, runner_handle=handle, log_path=log_path)
+                                       borrowed=borrowed, reason=reason, runner_handle=handle, log_path=log_path,
+                                       share=share)
         except GPUAlreadyAllocated as err:
             self._discard(handle)
             log.error("gpujobs: refused to start job %s: %s", job.id, err)
@@ -1418,6 +1423,10 @@ def _out_of_range(job: Job) -> str | None:
         return "time limit out of range"
     if not isinstance(job.gpus, int) or job.gpus < 0:
         return "GPU count out of range"
+    if job.share is not None and not (0 < job.share < 1):
+        return "GPU share out of range"
+    if job.gpu_memory is not None and not (0 < job.gpu_memory < 1 << 60):
+        return "GPU memory out of range"
     return None
 
 
@@ -1426,7 +1435,7 @@ PUBLIC_FIELDS = frozenset({
     "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
     "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "priority",
     "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
-    "ends_at", "warn_at",
+    "ends_at", "warn_at", "share", "gpu_memory",
 })
 
 

@@ -146,6 +146,8 @@ def _to_job(row: JobRow) -> Job:
         payload=dict(row.payload or {}),
         mem_bytes=row.mem_bytes,
         cpus=row.cpus,
+        share=row.share,
+        gpu_memory=row.gpu_memory,
         state=JobState(row.state),
         submitted_at=row.submitted_at,
         started_at=row.started_at,
@@ -164,7 +166,7 @@ def _to_job(row: JobRow) -> Job:
 _ROW_FIELDS = {
     "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
     "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
-    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "state", "submitted_at", "started_at", "ended_at",
+    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "state", "submitted_at", "started_at", "ended_at",
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
     "runner_handle", "log_path",
 }
@@ -501,12 +503,15 @@ class Store:
         reason: str = "started",
         runner_handle: dict[str, Any] | None = None,
         log_path: str | None = None,
+        share: float | None = None,
     ) -> Job | None:
         """PENDING -> RUNNING with its GPU allocation, atomically; with the run's handle and
         log as far as they are known before it starts (where the run will live), so a
-        restart finds a run whose start it did not see confirmed.
+        restart finds a run whose start it did not see confirmed. With `share`, the job holds
+        that part of its one GPU, beside other shares.
 
-        Raises GPUAlreadyAllocated when any of the GPUs is held by a running job.
+        Raises GPUAlreadyAllocated when any of the GPUs is held by a running job (for a
+        share: by a whole-GPU job, or by shares that leave less than `share` of it).
         Returns None when the job is no longer pending (cancelled meanwhile).
         """
         from sqlalchemy.exc import IntegrityError
@@ -516,8 +521,19 @@ class Store:
                 row = s.get(JobRow, job_id, with_for_update=True)
                 if row is None or row.state != "PENDING":
                     return None
+                held = s.execute(
+                    select(AllocationRow.gpu_index, AllocationRow.share)
+                    .where(AllocationRow.host == host, AllocationRow.released_at.is_(None),
+                           AllocationRow.gpu_index.in_([i for i, _ in gpus]))
+                ).all()
+                if share is not None:
+                    if any(h.share is None for h in held) or sum(h.share for h in held) + share > 1 + 1e-9:
+                        raise GPUAlreadyAllocated(f"GPU {gpus[0][0]} on {host} has no room for a share of {share:g}")
+                elif any(h.share is not None for h in held):
+                    raise GPUAlreadyAllocated(f"a GPU of {list(gpus)} on {host} holds shares of other jobs")
                 for index, uuid in gpus:
-                    s.add(AllocationRow(job_id=job_id, host=host, gpu_index=index, gpu_uuid=uuid, started_at=now))
+                    s.add(AllocationRow(job_id=job_id, host=host, gpu_index=index, gpu_uuid=uuid, started_at=now,
+                                        share=share))
                 s.flush()
                 row.state = "RUNNING"
                 row.started_at = now
@@ -541,7 +557,7 @@ class Store:
             rows = s.scalars(select(AllocationRow).where(AllocationRow.released_at.is_(None))).all()
             return [
                 {"job_id": r.job_id, "host": r.host, "gpu_index": r.gpu_index, "gpu_uuid": r.gpu_uuid,
-                 "started_at": r.started_at}
+                 "started_at": r.started_at, "share": r.share}
                 for r in rows
             ]
 

@@ -3,7 +3,9 @@
 `jobs` holds every job with what was asked and what happened, `events` every state change
 (who, when, why: the audit log, the accounting source and the websocket feed), and
 `allocations` which GPU a job holds. A partial unique index on `allocations` makes it
-impossible to hand one GPU to two jobs, whatever the code above does.
+impossible to hand one whole GPU to two jobs, whatever the code above does; shares of one
+card (rows with a `share`) are checked against each other and against whole holders by
+`Store.start` in its transaction.
 Change these only together with a new alembic revision in `migrations/versions/`.
 """
 
@@ -45,6 +47,8 @@ class JobRow(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     mem_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cpus: Mapped[float | None] = mapped_column(Float, nullable=True)
+    share: Mapped[float | None] = mapped_column(Float, nullable=True)  # revision 0005
+    gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     state: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
     submitted_at: Mapped[float] = mapped_column(Float)
@@ -84,6 +88,8 @@ class AllocationRow(Base):
     gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
     started_at: Mapped[float] = mapped_column(Float)
     released_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the part of the card a share job holds (revision 0005); None: the whole card
+    share: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index(
@@ -91,8 +97,8 @@ class AllocationRow(Base):
             "host",
             "gpu_index",
             unique=True,
-            sqlite_where=text("released_at IS NULL"),
-            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL AND share IS NULL"),
+            postgresql_where=text("released_at IS NULL AND share IS NULL"),
         ),
     )
 
