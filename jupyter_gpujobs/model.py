@@ -945,3 +945,137 @@ def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
         raise InvalidInput(field_name, f"{_short(value)} is not a time between 1970 and "
                                        f"{format_duration(MAX_BEGIN_AHEAD_S)} from now")
     return when_s
+
+
+# --------------------------------------------------------------------------- reservations
+
+REPEATS = ("daily", "weekly")
+RESERVATION_FIELDS = {"name", "gpus", "gpu_type", "host", "start", "duration", "repeat", "users", "groups"}
+#: The most users or groups one reservation may name, and the longest occurrence.
+MAX_RESERVATION_HOLDERS = 100
+MAX_RESERVATION_S = 366 * 86400
+_NAME_RE = re.compile(r"[\w.@-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """GPUs kept for some users or groups: `gpus` GPUs (of `gpu_type`, on `host` when given)
+    from `start` for `duration_s`, once or again every day or week (`repeat`). The scheduler
+    keeps them free for everyone else (only jobs that end before an occurrence starts run on
+    them) and lets the holders use them (engine/scheduler/reservations.py)."""
+
+    id: int
+    gpus: int
+    start: float  # epoch seconds of the first occurrence
+    duration_s: int
+    name: str = ""
+    gpu_type: str | None = None
+    host: str | None = None
+    repeat: str | None = None  # None (once), "daily" or "weekly"
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    created_by: str = ""
+    created_at: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.name or f"reservation {self.id}"
+
+    def holds(self, user: str, group: str | None) -> bool:
+        """May this user (submitting in this group) use the reserved GPUs?"""
+        return user in self.users or (group is not None and group in self.groups)
+
+    def holders_text(self) -> str:
+        """"group vision", "users alice, bob", "user alice and group vision"."""
+        parts = []
+        if self.users:
+            parts.append(("user " if len(self.users) == 1 else "users ") + ", ".join(self.users))
+        if self.groups:
+            parts.append(("group " if len(self.groups) == 1 else "groups ") + ", ".join(self.groups))
+        return " and ".join(parts) or "nobody"
+
+
+def _names(value: Any, field_name: str, what: str) -> tuple[str, ...]:
+    """A list of user or group names, or one comma-separated string of them."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_RESERVATION_HOLDERS:
+        raise InvalidInput(field_name, f"expected a list of at most {MAX_RESERVATION_HOLDERS} {what} names")
+    out: list[str] = []
+    for v in value:
+        if not isinstance(v, str) or not _NAME_RE.fullmatch(v):
+            raise InvalidInput(field_name, f"expected {what} names of letters, digits, '.', '_', '@' or '-', "
+                                           f"got {_short(v)}")
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def validate_reservation(body: Any, now: float, gpus: Sequence[GPU] = ()) -> dict[str, Any]:
+    """Check a reservation request (REST body or CLI options); returns the Reservation fields
+    (without id, created_by, created_at). `gpus`: the server's GPUs, to refuse a type or count
+    it cannot hold (none: not checked). Raises InvalidInput naming the wrong field."""
+    if not isinstance(body, Mapping):
+        raise InvalidInput("body", "expected a JSON object")
+    unknown = sorted(set(body) - RESERVATION_FIELDS)
+    if unknown:
+        raise InvalidInput(str(unknown[0]), f"unknown field; known are {', '.join(sorted(RESERVATION_FIELDS))}")
+    if "gpus" not in body:
+        raise InvalidInput("gpus", "how many GPUs to reserve is required")
+    n = parse_gpu_count(body["gpus"])
+    if n < 1:
+        raise InvalidInput("gpus", "reserve at least 1 GPU")
+    gpu_type = body.get("gpu_type")
+    if gpu_type is not None:
+        if not isinstance(gpu_type, str) or not gpu_type.strip() or len(gpu_type) > 64:
+            raise InvalidInput("gpu_type", f"expected a GPU model such as A100, got {_short(gpu_type)}")
+        gpu_type = gpu_type.strip()
+        check_plain_text(gpu_type, "gpu_type")
+    host = body.get("host")
+    if host is not None and (not isinstance(host, str) or not re.fullmatch(r"[\w.-]{1,253}", host)):
+        raise InvalidInput("host", f"expected a host name, got {_short(host)}")
+    if gpus:
+        usable = [g for g in gpus if gpu_matches_type(g.name, gpu_type) and (host is None or g.host == host)]
+        if not usable:
+            what = f"{gpu_type} GPUs" if gpu_type else "GPUs"
+            raise InvalidInput("gpu_type" if gpu_type else "host", f"no {what}{f' on {host}' if host else ''} "
+                                                                   "on this server")
+        per_host: dict[str, int] = {}
+        for g in usable:
+            per_host[g.host] = per_host.get(g.host, 0) + 1
+        if n > max(per_host.values()):
+            raise InvalidInput("gpus", f"{n} GPUs is more than one host has ({max(per_host.values())})")
+    if "start" not in body:
+        raise InvalidInput("start", "when the reservation starts is required (e.g. 2026-12-04T09:00 or +1h)")
+    start = parse_begin(body["start"], now, "start")
+    if "duration" not in body:
+        raise InvalidInput("duration", "how long it lasts is required (e.g. 4h)")
+    duration = parse_duration(body["duration"], "duration")
+    if duration < 60:
+        raise InvalidInput("duration", "a reservation lasts at least a minute")
+    if duration > MAX_RESERVATION_S:
+        raise InvalidInput("duration", f"at most {format_duration(MAX_RESERVATION_S)}")
+    repeat = body.get("repeat")
+    if repeat in ("", "none", "once"):
+        repeat = None
+    if repeat is not None:
+        if not isinstance(repeat, str) or repeat.strip().lower() not in REPEATS:
+            raise InvalidInput("repeat", f"expected one of {', '.join(REPEATS)} (or none), got {_short(repeat)}")
+        repeat = repeat.strip().lower()
+        period = 86400 if repeat == "daily" else 7 * 86400
+        if duration > period:
+            raise InvalidInput("duration", f"a {repeat} reservation lasts at most {format_duration(period)}")
+    elif start + duration <= now:
+        raise InvalidInput("start", "the reservation would be over before it is made")
+    users = _names(body.get("users"), "users", "user")
+    groups = _names(body.get("groups"), "groups", "group")
+    if not users and not groups:
+        raise InvalidInput("users", "name the users or groups the GPUs are reserved for")
+    name = body.get("name") or ""
+    if not isinstance(name, str) or len(name) > 100:
+        raise InvalidInput("name", "expected a name of at most 100 characters")
+    check_plain_text(name, "name")
+    return {"name": name.strip(), "gpus": n, "gpu_type": gpu_type, "host": host, "start": start,
+            "duration_s": duration, "repeat": repeat, "users": users, "groups": groups}

@@ -98,6 +98,21 @@ class Cluster:
         self.largest_host = max(self.sizes, default=0)
         self.views: dict[str | None, View] = {}
         self.memberships: list[list[tuple[View, int]]] = [[] for _ in members]
+        self.reserved_text: dict[int, list[str]] = {}  # pool -> its advance reservations, for reasons
+
+    def block(self, p: int, i: int, start: float, end: float) -> float:
+        """Keep GPU i of pool p from `start` to `end` (an advance reservation, before any view
+        is made): from now when it has begun, else free until `start` (a hole) for jobs that
+        end before it. Returns when the GPU was free before (now, or its running job's end)."""
+        av = self.avail[p]
+        k = next(n for n, e in enumerate(av) if e[1] == i)
+        before = av.pop(k)[0]
+        if start <= self.now:
+            self.free[p].discard(i)
+        elif i in self.free[p]:
+            self.hole[p][i] = min(self.hole[p].get(i, INF), start)
+        insort(av, (max(before, end), i))
+        return before
 
     # ------------------------------------------------------------------ views
     def view(self, gpu_type: str | None) -> View:
@@ -108,8 +123,8 @@ class Cluster:
         pids = [p for p, name in enumerate(self.pool_name) if matches[name]]
         v = View(pids, self.sizes, f"{gpu_type} GPUs" if gpu_type else "GPUs")
         v.label = gpu_type if gpu_type else "GPUs"
-        if self.foreign_text:
-            v.note = "; ".join(t for p in pids for t in self.foreign_text.get(p, ()))
+        if self.foreign_text or self.reserved_text:
+            v.note = "; ".join(t for p in pids for t in [*self.foreign_text.get(p, ()), *self.reserved_text.get(p, ())])
         for pos, p in enumerate(pids):
             self.memberships[p].append((v, pos))
             if self.free[p]:

@@ -23,19 +23,21 @@ from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress, islice
 from operator import attrgetter, itemgetter
 
-from ...model import GPU, Claim, Job, JobState, Plan, Policy, Preemption, Start
+from ...model import GPU, Claim, Job, JobState, Plan, Policy, Preemption, Reservation, Start
 from .deferral import clock_text, dependency_status, next_window_start
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
 from .preemption import VictimIndex, choose_victims, victims_text
 from .priority import QueueOrder
 from .quotas import Limit, Quotas
+from .reservations import HolderLine, gpus_text, occurrences, reserved_text
 
 
 def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Sequence[Job], gpus: Sequence[GPU],
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
              finished: Mapping[int, JobState] | None = None, estimate: bool = True,
-             order: QueueOrder | None = None, claims: Sequence[Claim] = ()) -> Plan:
+             order: QueueOrder | None = None, claims: Sequence[Claim] = (),
+             reservations: Sequence[Reservation] = ()) -> Plan:
     """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
 
     With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
@@ -55,9 +57,13 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
     `claims`: the preemptors whose victims were told to stop in earlier cycles (`Claim`). A
     claimant is placed before every other job; while its victims run out their grace it
     waits for them, booked on their GPUs, and preempts nobody else; they are no victims of
-    anyone else."""
+    anyone else.
+
+    `reservations`: the advance reservations (`Reservation`); the active or next occurrence
+    of each is kept for its holders (reservations.py): others only backfill jobs that end
+    before it starts, and its holders' jobs start inside it."""
     by_id = pending if isinstance(pending, Mapping) else dict(zip(map(_id, pending), pending))
-    cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id)
+    cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id, reservations)
     cycle.estimate = estimate
     cycle.order = order
     cycle.claims = claims
@@ -132,7 +138,8 @@ class _Cycle:
     claims: Sequence[Claim] = ()  # preemptors waiting for their victims (placed first)
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
-                 finished: Mapping[int, JobState], pending: Mapping[int, Job]):
+                 finished: Mapping[int, JobState], pending: Mapping[int, Job],
+                 reservations: Sequence[Reservation] = ()):
         self.now = now
         self.policy = policy
         self.finished = finished
@@ -143,6 +150,13 @@ class _Cycle:
         self.ends = {j.id: (j.started_at if j.started_at is not None else now) + (j.time_limit_s or dl)
                      for j in running}
         self.cluster = Cluster(now, gpus, running, self.ends)
+        # advance reservations: their holders' time lines, and the GPUs kept from others
+        self.holder_lines: list[HolderLine] = []
+        self.holder_users: set[str] = set()
+        self.holder_groups: set[str] = set()
+        self.reserved_gpus: dict[tuple[str, int], float] = {}  # (host, GPU) -> end of its block
+        if reservations:
+            self._reserve_ahead(reservations)
         self.quotas = Quotas(policy)
         self.pending = pending  # by id
         self.limits: dict[tuple[str, object], Limit | None] = {}
@@ -181,6 +195,8 @@ class _Cycle:
                     end = min(end, guess)
                 for i in r.assigned_gpus:
                     busy[(r.host, i)] = max(end, now)
+            for key, end in self.reserved_gpus.items():
+                busy[key] = max(busy.get(key, now), end)
             self.pred = AggregateLine(self.cluster, busy)
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
@@ -197,6 +213,66 @@ class _Cycle:
         self.default_limit = float(policy.default_time_limit_s)
         self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
         self._account_running(running)
+
+    def _reserve_ahead(self, reservations: Sequence[Reservation]) -> None:
+        """Block each reservation's active or next occurrence on the time line for others, and
+        give its holders a time line of its GPUs (`HolderLine`)."""
+        cl, now = self.cluster, self.now
+        one_host = len(set(cl.pool_host)) <= 1
+        for o in occurrences(reservations, self.gpus, now):
+            p = cl.by_host_index.get((o.host, o.gpus[0]))
+            if p is None:
+                continue
+            line = HolderLine(o, p)
+            for i in o.gpus:
+                line.avail[i] = cl.block(p, i, o.start, o.end)
+                self.reserved_gpus[(o.host, i)] = max(o.end, self.reserved_gpus.get((o.host, i), o.end))
+            cl.reserved_text.setdefault(p, []).append(reserved_text(o, now, self.policy.utc_offset_s, one_host))
+            self.holder_lines.append(line)
+            self.holder_users.update(o.reservation.users)
+            self.holder_groups.update(o.reservation.groups)
+
+    def _holds(self, j: Job) -> bool:
+        """Does `j`'s user or group hold a reservation in this cycle?"""
+        return j.user in self.holder_users or (j.group is not None and j.group in self.holder_groups)
+
+    def _start_reserved(self, j: Job, k: int, limit: float, view: View, lims: list[tuple[Limit, bool]]) -> bool:
+        """Start a holder's job now on the free GPUs of an active occurrence it holds."""
+        now = self.now
+        for line in self.holder_lines:
+            if not line.occ.holds(j.user, j.group) or line.pool not in view.pids:
+                continue
+            idx = line.start_now(now, k, limit)
+            if idx is None:
+                continue
+            self.plan.starts.append(Start(j.id, line.occ.host, idx, False))
+            self._book(j, lims, now, now + limit)
+            self.user_gpus[j.user] = self.user_gpus.get(j.user, 0) + k
+            if j.group:
+                self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + k
+            self.last_start = now
+            self._cluster_changed()
+            return True
+        return False
+
+    def _book_reserved(self, j: Job, k: int, limit: float, floor: float, view: View) -> tuple[float, str] | None:
+        """Book a holder's job inside the occurrence it holds where it starts soonest, when
+        that is no later than the GPUs outside it allow: (start, reason), else None."""
+        best: tuple[float, HolderLine] | None = None
+        for line in self.holder_lines:
+            if line.occ.holds(j.user, j.group) and line.pool in view.pids:
+                t = line.earliest(k, floor, limit)
+                if t is not None and (best is None or t < best[0]):
+                    best = (t, line)
+        if best is None or max(self.cluster.earliest(view, k), floor) < best[0]:
+            return None
+        t, line = best
+        line.book(k, t, limit)
+        o = line.occ
+        when = clock_text(o.start, self.now, self.policy.utc_offset_s)
+        if o.start > self.now:
+            return t, f"waiting for reservation {o.reservation.label} ({gpus_text(o.gpus)} from {when})"
+        return t, f"waiting for its reserved {gpus_text(o.gpus)} (reservation {o.reservation.label})"
 
     @cached_property
     def active(self) -> _Active:
@@ -436,6 +512,9 @@ class _Cycle:
                 reasons[jid] = f"asks for {k} {view.label} but one host has at most {view.max_size}"
                 expected[jid] = None
                 return
+        holder = bool(self.holder_lines) and k > 0 and self._holds(j)
+        if holder and floor <= now and blocked is None and self._start_reserved(j, k, limit, view, lims):  # type: ignore[arg-type]
+            return
         if floor <= now and blocked is None:
             if k == 0:
                 host = cl.pool_host[0] if cl.pool_host else (self.gpus[0].host if self.gpus else "localhost")
@@ -502,7 +581,12 @@ class _Cycle:
         estimate_only = self.reserved_n >= self.depth
         if k > 0:
             assert view is not None
-            if self.reserved_n < self.depth:
+            inside = self._book_reserved(j, k, limit, t, view) if holder else None
+            if inside is not None:
+                start = inside[0]
+                if floor <= now and blocked is None:
+                    why = inside[1]
+            elif self.reserved_n < self.depth:
                 start = cl.reserve(view, k, limit, t)
                 self.reserved_n += 1
             else:
@@ -687,7 +771,7 @@ class _Cycle:
         k = j.gpus
         gt = j.gpu_type
         view = self.cluster.views.get(gt)
-        if k <= 0 or view is None or k > view.max_size:
+        if k <= 0 or view is None or k > view.max_size or (self.holder_lines and self._holds(j)):
             return None
         if j.offpeak or j.begin is not None:
             fd = self._deep_family(j)
@@ -725,8 +809,8 @@ class _Cycle:
         view = cl.views.get(gt)
         kk = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
         kind = self.kinds.get(kk) or self._kind(j)
-        if k <= 0 or view is None or k > view.max_size:
-            return None
+        if k <= 0 or view is None or k > view.max_size or (self.holder_lines and self._holds(j)):
+            return None  # (a holder's job may start inside its reservation: `_place`)
         lims, mtl = kind
         high = INF if mtl is None else float(mtl)
         if j.offpeak or (j.begin is not None and j.begin > now):
@@ -949,6 +1033,8 @@ class _Cycle:
                     continue
                 if r.id in going or (r.started_at is not None and r.started_at > young):
                     continue
+                if self.reserved_gpus and any((r.host, i) in self.reserved_gpus for i in r.assigned_gpus):
+                    continue  # its GPUs are reserved: nobody is booked on them there
                 p = cl.by_host_index.get((r.host, r.assigned_gpus[0]))
                 if p is not None:
                     self.candidates.setdefault(p, []).append(r)
