@@ -649,6 +649,9 @@ class Plan:
     order: list[int] = field(default_factory=list)  # pending job ids in scheduling order
     reasons: Reasons = field(default_factory=Reasons)  # why each still-pending job waits
     expected_start: dict[int, float | None] = field(default_factory=dict)
+    # the jobs whose expected start is a prediction from runtimes (Policy.use_predictions);
+    # every other expected start is a bound: from time limits, kept if jobs run to them
+    predicted: set[int] = field(default_factory=set)
     cancels: list[tuple[int, str]] = field(default_factory=list)  # e.g. afterok dependency failed
     # the priority order this cycle used (scheduler.priority.QueueOrder), for the next cycles
     queue_order: Any = field(default=None, compare=False, repr=False)

@@ -92,8 +92,17 @@ class Result:
     jct: list[float] = field(default_factory=list)
     slowdown: list[float] = field(default_factory=list)
     users: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (wait, slowdown)
-    predicted_ok: int = 0
+    predicted_ok: int = 0  # expected start at submit within max(60 s, 10 % of the wait) of the first start
+    predicted_1m: int = 0  # ... within 60 s of it
     predicted_n: int = 0
+    waited_ok: int = 0  # the same two over the jobs that did not start at their submit
+    waited_1m: int = 0
+    waited_n: int = 0
+    bounds_n: int = 0  # jobs that waited with a bound at submit (from time limits) ...
+    bounds_kept: int = 0  # ... and started no later than 60 s after it
+    predictions_n: int = 0  # jobs that waited with a prediction at submit (from runtimes) ...
+    predictions_ok: int = 0  # ... and started within max(60 s, 10 % of the wait) of it
+    misses: list[tuple[int, float, float]] = field(default_factory=list)  # (job, wait, start - expected) of jobs that waited
     busy_gpu_s: float = 0.0
     work_gpu_s: float = 0.0
     first_submit: float = 0.0
@@ -125,6 +134,12 @@ class Result:
             "worst_user_wait": max(per_user_wait.values()),
             "jain_slowdown": jain,
             "predicted_ok": self.predicted_ok / max(1, self.predicted_n),
+            "predicted_1m": self.predicted_1m / max(1, self.predicted_n),
+            "waited_ok": self.waited_ok / max(1, self.waited_n),
+            "waited_1m": self.waited_1m / max(1, self.waited_n),
+            "bounds_kept": self.bounds_kept / max(1, self.bounds_n),
+            "bounds_share": self.bounds_n / max(1, self.waited_n),
+            "predictions_ok": self.predictions_ok / max(1, self.predictions_n),
             "cycles": float(self.cycles),
             "preemptions": float(self.preemptions),
         }
@@ -147,9 +162,11 @@ def cluster(hosts: int, gpus_per_host: int, name: str = "A100") -> list[GPU]:
 
 
 def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_host: int,
-             name: str = "policy", skip_idle: bool = True) -> Result:
+             name: str = "policy", skip_idle: bool = True, min_confidence: float = 0.6) -> Result:
     """Replay `trace` on hosts x gpus_per_host GPUs under `policy` (`skip_idle`: run no cycle
-    where nothing could start; the replay is the same either way, only faster)."""
+    where nothing could start; the replay is the same either way, only faster). With
+    `policy.use_predictions`, a prediction at least `min_confidence` sure sets a job's
+    `predicted_runtime_s`, as the engine's monitor does (`c.GPUJobs.predict_min_confidence`)."""
     gpus = cluster(hosts, gpus_per_host)
     todo = sorted(trace, key=lambda t: (t.submit, t.id))
     duration: dict[int, float] = {}
@@ -170,7 +187,8 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     ends: list[tuple[float, int, int]] = []  # (end, job id, run number) for runs still valid
     runs: dict[int, int] = {}
     first_start: dict[int, float] = {}
-    predicted: dict[int, float | None] = {}
+    predicted: dict[int, float | None] = {}  # the expected start the cycle at its submit gave
+    kind: dict[int, bool] = {}  # ... and whether it was a prediction (else a bound)
     usage = Usage()
     last_t = res.first_submit
     claims: list[Claim] = []  # preemptors of the last cycle (their victims are back in the queue)
@@ -211,7 +229,9 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             jid = todo[i].id
             if predictor is not None:
                 p = predictor.predict((jobs[jid].user, str(jobs[jid].gpus), ""))
-                jobs[jid] = replace(jobs[jid], predicted_runtime_s=p.seconds)
+                if p.seconds is not None and p.confidence >= min_confidence:
+                    seconds = min(p.seconds, float(jobs[jid].time_limit_s or p.seconds))
+                    jobs[jid] = replace(jobs[jid], predicted_runtime_s=max(1.0, seconds))
             pending[jid] = jobs[jid]
             sizes[jobs[jid].gpus] = sizes.get(jobs[jid].gpus, 0) + 1
             fresh.append(jid)
@@ -229,6 +249,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         started_now = {s.job_id for s in plan.starts}
         for jid in fresh:
             predicted[jid] = now if jid in started_now else plan.expected_start.get(jid, now)
+            kind[jid] = jid in plan.predicted
         for p in plan.preemptions:
             victim = running.pop(p.job_id, None)
             if victim is None:
@@ -257,8 +278,24 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         if jid in first_start:
             res.predicted_n += 1
             wait = first_start[jid] - jobs[jid].submitted_at
-            if at is not None and abs(at - first_start[jid]) <= max(60.0, 0.1 * wait):
-                res.predicted_ok += 1
+            waited = wait > 0
+            res.waited_n += waited
+            if at is None:
+                continue
+            miss = abs(at - first_start[jid])
+            ok, one = miss <= max(60.0, 0.1 * wait), miss <= 60.0
+            res.predicted_ok += ok
+            res.predicted_1m += one
+            if waited:
+                res.misses.append((jid, wait, first_start[jid] - at))
+                if kind[jid]:
+                    res.predictions_n += 1
+                    res.predictions_ok += ok
+                else:
+                    res.bounds_n += 1
+                    res.bounds_kept += first_start[jid] <= at + 60.0
+                res.waited_ok += ok
+                res.waited_1m += one
     return res
 
 

@@ -136,6 +136,26 @@ def test_predictions_change_estimates_only() -> None:
         # job 1 (2 GPUs) is expected when the second running job is predicted to end
         assert pred.order[0] == 1 and pred.expected_start[1] == NOW + 300
         assert plain.expected_start[plain.order[0]] == NOW + 3500
+        # what is earlier than the time limits' start is a prediction; the rest are bounds
+        assert plain.predicted == set()
+        assert 1 in pred.predicted
+        assert all((pred.expected_start[j] < plain.expected_start[j]) == (j in pred.predicted)  # type: ignore[operator]
+                   for j in pred.expected_start)
+
+
+def test_without_any_prediction_every_estimate_is_a_bound() -> None:
+    # the line of predicted ends packs no hosts: with no prediction on it, its earlier start
+    # for the 8-GPU job is no prediction, and the estimate stays the time limits' bound
+    running = [run(100, "h0", (0, 1, 2, 3), 600), run(101, "h1", (0, 1, 2, 3), 1200)]
+    pending = [job(1, gpus=8, limit=3600)]
+    pol = replace(PLAIN, use_predictions=True)
+    for depth in (None, 0):
+        plan = schedule(NOW, pending, running, gpus(2, 8), replace(pol, reservation_depth=depth))
+        assert plan.predicted == set() and plan.expected_start[1] == NOW + 600
+        # a prediction for a running job makes the estimates that depend on it predictions
+        early = [replace(running[0], predicted_runtime_s=300.0), running[1]]
+        plan = schedule(NOW, pending, early, gpus(2, 8), replace(pol, reservation_depth=depth))
+        assert plan.predicted == {1} and plan.expected_start[1] == NOW + 200
 
 
 def test_deep_walk_follows_the_limits_like_the_detailed_walk() -> None:

@@ -182,6 +182,9 @@ class _Cycle:
         self.deep: AggregateLine | None = None
         # policy.use_predictions: expected starts from predicted runtimes (estimates only)
         self.pred: AggregateLine | None = None
+        # whether the line of predicted ends holds a prediction yet (before one, a start on it
+        # is the time limits' start with less care for packing: a bound, not a prediction)
+        self.any_pred = False
         if policy.use_predictions:
             busy: dict[tuple[str, int], float] = {}
             for r in running:
@@ -189,6 +192,7 @@ class _Cycle:
                     continue
                 end = self.ends[r.id]
                 if r.predicted_runtime_s is not None and r.started_at is not None:
+                    self.any_pred = True
                     guess = r.started_at + r.predicted_runtime_s
                     if guess <= now:  # past its prediction: as long again, within its limit
                         guess = now + r.predicted_runtime_s
@@ -198,6 +202,12 @@ class _Cycle:
             for key, end in self.reserved_gpus.items():
                 busy[key] = max(busy.get(key, now), end)
             self.pred = AggregateLine(self.cluster, busy)
+            # per pool, when its GPUs free on that line (running jobs only): a k-GPU job's
+            # predicted start is no earlier than the first pool with k of them (packing)
+            cl = self.cluster
+            self.pred_pools = [sorted(busy.get((cl.pool_host[p], i), now) for _, i in av)
+                               for p, av in enumerate(cl.avail)]
+            self.pred_floor: dict[tuple[int, int], float] = {}
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
         self.failed_preempt: dict[tuple[str | None, str | None, str | None, str], int] = {}
@@ -545,6 +555,8 @@ class _Cycle:
                         hole = cl.hole[p]
                         self.deep.started_now(cl.pool_name[p], sum(1 for i in idx if i not in hole), now, now + limit)
                     if self.pred is not None:
+                        if j.predicted_runtime_s is not None:
+                            self.any_pred = True
                         self.pred.started_now(cl.pool_name[p], k, now, now + self._predicted(j, limit))
                     return
             if policy.preemption and self._try_preempt(j, k, limit, view):
@@ -943,15 +955,31 @@ class _Cycle:
     def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
         """With `use_predictions`: the start on the line of predicted ends (running jobs end at
         their predicted runtime, waiting ones take theirs), never later than `planned` (the
-        start its reservation or the time-limit estimate gives). Estimates only: no
+        start its reservation or the time-limit estimate gives). When earlier, the job is in
+        `plan.predicted` (its estimate is a prediction, else a bound). Estimates only: no
         reservation depends on a prediction."""
         assert self.pred is not None
         if not self.policy.backfill:
             floor = max(floor, self.pred_last)
-        t = self.pred.take(self.cluster, view, j.gpus, self._predicted(j, limit), max(floor, self.now))
+        k = j.gpus
+        packed = self.pred_floor.get((id(view), k))
+        if packed is None:
+            pools = self.pred_pools
+            packed = self.pred_floor[(id(view), k)] = min(
+                (pools[p][k - 1] for p in view.pids if len(pools[p]) >= k), default=INF)
+        if packed > floor:
+            floor = packed
+        t = self.pred.take(self.cluster, view, k, self._predicted(j, limit), max(floor, self.now))
         if not self.policy.backfill:
             self.pred_last = t
-        return t if t < planned else planned
+        if t < planned and self.any_pred:
+            t_is = t
+            self.plan.predicted.add(j.id)
+        else:
+            t_is = planned
+        if j.predicted_runtime_s is not None:  # (its own runtime moves later starts only)
+            self.any_pred = True
+        return t_is
 
     # ------------------------------------------------------------------ cost controls
     def _shape_failed(self, view: View, k: int, gpu_type: str | None, limit: float) -> None:
