@@ -14,7 +14,7 @@ VERBS = ("get", "post", "put", "delete", "patch")
 def _spec_path(pattern: str) -> str:
     path = pattern[len(f"/{API}"):]
     path = path.replace("/?", "")
-    path = re.sub(r"\(\?P<job_id>[^)]*\)", "{id}", path)
+    path = re.sub(r"\(\?P<\w+>[^)]*\)", "{id}", path)
     return path.replace("\\", "")
 
 

@@ -33,10 +33,13 @@ from ..model import (
     Plan,
     Policy,
     Reasons,
+    Reservation,
     check_plain_text,
     format_bytes,
     format_duration,
+    parse_id,
     parse_reason,
+    validate_reservation,
     validate_submission,
 )
 from .claim import GPUClaim
@@ -47,6 +50,7 @@ from .runners.users import NotAUnixUser, can_enter, in_group, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
+from .scheduler.reservations import gpus_text, occurrence_at, occurrences
 from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -151,6 +155,9 @@ class JobService:
         # (scope, name) -> {"quota": its dict form, "by": who, "at": when}; `_policy` applies them
         self.quotas_set: dict[tuple[str, str], dict[str, Any]] = {}
         self._policy = policy
+        # advance reservations (stored; an admin makes them, or a user accepts a learned one)
+        self.reservations: list[Reservation] = []
+        self.reservation_source: dict[int, str] = {}  # id -> "" or "finding:<id>"
 
         # the pending and the running jobs by id (`_keep` and `_forget` keep them): a cycle hands
         # `_pending` to the scheduler as it is, without a pass over 10k jobs
@@ -231,6 +238,7 @@ class JobService:
             return
         self._load_usage()
         self._load_quotas()
+        self._load_reservations()
         self.reconcile()
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
@@ -918,6 +926,112 @@ class JobService:
                  scope[:-1], name, "" if quota is None else f" to {quota}")
         self.wake()
 
+    # ================================================================= advance reservations
+
+    def create_reservation(self, actor: str, body: Any, source: str = "") -> dict[str, Any]:
+        """An admin reserves GPUs for users or groups (`model.validate_reservation`); stored, so
+        it outlives restarts, and in force from the next cycle."""
+        if not self.is_admin(actor):
+            raise PermissionDenied("only admins may reserve GPUs")
+        return self._add_reservation(actor, body, source)
+
+    def _add_reservation(self, actor: str, body: Any, source: str) -> dict[str, Any]:
+        if self.mirror is not None:
+            raise Conflict("reservation", "this server hands its jobs to Slurm; make reservations there "
+                                          "(scontrol create reservation)")
+        now = self.clock()
+        fields = validate_reservation(body, now, self.refresh_inventory())
+        r = self.store.add_reservation(fields, actor, now, source)
+        self.reservations.append(r)
+        self.reservation_source[r.id] = source
+        log.info("gpujobs: %s reserved %d %s for %s (reservation %d)", actor, r.gpus, r.gpu_type or "GPUs",
+                 r.holders_text(), r.id)
+        self.wake()
+        return self.reservation_view(r)
+
+    def accept_reservation_proposal(self, actor: str, finding_id: Any) -> dict[str, Any]:
+        """Reserve what a `reservation_proposal` finding proposes (monitor/habits.py) and close
+        it. An admin may accept any; a user one for themselves, or for a group they are in,
+        when its GPUs are within their (or that group's) GPU limit."""
+        from .store import monitoring as mstore
+
+        fid = parse_id(finding_id, "proposal")
+        finding = mstore.get_finding(self.store, fid)
+        if finding is None or finding["kind"] != "reservation_proposal":
+            raise NotFound(f"no reservation proposal {fid}")
+        if not finding["open"]:
+            raise Conflict("proposal", f"proposal {fid} is closed ({finding['action'] or 'no longer seen'})")
+        body = dict(finding["data"].get("reservation") or {})
+        if not self.is_admin(actor):
+            self._may_accept(actor, body)
+        view = self._add_reservation(actor, body, f"finding:{fid}")
+        closed = mstore.resolve_finding(self.store, self.clock(), finding_id=fid,
+                                        action=f"accepted by {actor}: reservation {view['id']}")
+        if closed is not None:
+            self.broadcast({"type": "finding", "finding": closed})
+        return view
+
+    def _may_accept(self, actor: str, body: dict[str, Any]) -> None:
+        """A user accepts a proposal for themselves (or a group of theirs) within their quota."""
+        quotas = Quotas(self.current_policy())
+        n = int(body.get("gpus") or 0)
+        if body.get("users") == [actor]:
+            cap, who = quotas.user_caps(actor)[1], "your"
+        elif len(body.get("groups") or []) == 1 and self._member(actor, body["groups"][0]):
+            group = body["groups"][0]
+            cap, who = quotas.group_caps(group)[1], f"group {group}'s"
+        else:
+            raise PermissionDenied("only admins may accept a proposal for someone else")
+        if cap is None or n > cap:
+            limit = "no GPU limit is set" if cap is None else f"the limit is {cap} GPUs"
+            raise PermissionDenied(f"reserving {n} GPUs is beyond {who} quota ({limit}); ask an admin")
+
+    def _member(self, user: str, group: str) -> bool:
+        if user in self.group_members.get(group, ()):
+            return True
+        return in_group(user, group)
+
+    def delete_reservation(self, actor: str, reservation_id: Any) -> None:
+        """An admin (or whoever made it) removes a reservation."""
+        rid = parse_id(reservation_id, "id")
+        r = next((r for r in self.reservations if r.id == rid), None)
+        if r is None:
+            raise NotFound(f"no reservation {rid}")
+        if not self.is_admin(actor) and actor != r.created_by:
+            raise PermissionDenied(f"reservation {rid} was made by {r.created_by}; only they or an admin may remove it")
+        self.store.delete_reservation(rid)
+        self.reservations = [x for x in self.reservations if x.id != rid]
+        self.reservation_source.pop(rid, None)
+        log.info("gpujobs: %s removed reservation %d", actor, rid)
+        self.wake()
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        """Every reservation with its active or next occurrence and the GPUs it has then."""
+        return [self.reservation_view(r) for r in self.reservations]
+
+    def reservation_view(self, r: Reservation) -> dict[str, Any]:
+        now = self.clock()
+        when = occurrence_at(r, now)
+        occ = occurrences([x for x in self.reservations if x.id < r.id] + [r], self.refresh_inventory(), now)
+        mine = next((o for o in occ if o.reservation.id == r.id), None)
+        return {
+            "id": r.id, "name": r.name, "label": r.label, "gpus": r.gpus, "gpu_type": r.gpu_type, "host": r.host,
+            "start": r.start, "duration_s": r.duration_s, "repeat": r.repeat, "users": list(r.users),
+            "groups": list(r.groups), "holders": r.holders_text(), "created_by": r.created_by,
+            "created_at": r.created_at, "source": self.reservation_source.get(r.id, ""),
+            "next_start": when[0] if when else None, "next_end": when[1] if when else None,
+            "active": bool(when and when[0] <= now),
+            "assigned": None if mine is None else {"host": mine.host, "gpus": list(mine.gpus),
+                                                    "text": gpus_text(mine.gpus)},
+        }
+
+    def _load_reservations(self) -> None:
+        """Reservations made before this start."""
+        self.reservations, self.reservation_source = [], {}
+        for r, source in self.store.load_reservations():
+            self.reservations.append(r)
+            self.reservation_source[r.id] = source
+
     def _load_quotas(self) -> None:
         """Quotas set through the API before this start."""
         for scope, entries in self.store.load_quotas().items():
@@ -1161,7 +1275,7 @@ class JobService:
 
         def plan(jobs: dict[int, Job] | list[Job]) -> Plan:
             return schedule(now, jobs, running, gpus, policy, self._usage, finished, estimate=estimate,
-                            order=order, claims=claims)
+                            order=order, claims=claims, reservations=self.reservations)
 
         for _ in range(len(pending) + 1):
             try:

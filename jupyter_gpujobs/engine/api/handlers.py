@@ -428,6 +428,35 @@ class QuotaHandler(GPUJobsHandler):
         self.reply({"scope": scope, "name": name, "quota": quota})
 
 
+class ReservationsHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """Every reservation (what is kept for whom is no one's private data)."""
+        self.reply({"reservations": self.service.list_reservations()})
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        """Admin: reserve GPUs (`model.validate_reservation`), or accept a learned proposal:
+        `{"proposal": <finding id>}` (an admin, or a user for themselves within their quota)."""
+        body = self.json_body()
+        if isinstance(body, dict) and "proposal" in body:
+            if set(body) != {"proposal"}:
+                raise ApiError(400, sorted(set(body) - {"proposal"})[0], "a proposal is accepted as it is")
+            self.reply(self.service.accept_reservation_proposal(self.owner, body["proposal"]), 201)
+            return
+        self.reply(self.service.create_reservation(self.owner, body), 201)
+
+
+class ReservationHandler(GPUJobsHandler):
+    @web.authenticated
+    @authorized
+    async def delete(self, reservation_id: str) -> None:
+        self.service.delete_reservation(self.owner, reservation_id)
+        self.reply({"id": int(reservation_id), "deleted": True})
+
+
 class OpenAPIHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
@@ -513,6 +542,8 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/jobs/{JOB_ID}/?", JobHandler),
     (rf"/{API}/queue/?", QueueHandler),
     (rf"/{API}/quota/?", QuotaHandler),
+    (rf"/{API}/reservations/?", ReservationsHandler),
+    (rf"/{API}/reservations/(?P<reservation_id>[^/]+)/?", ReservationHandler),
     (rf"/{API}/whoami/?", WhoAmIHandler),
     (rf"/{API}/info/?", InfoHandler),
     (rf"/{API}/events/?", EventsHandler),

@@ -92,6 +92,11 @@ class MonitorSettings:
     oom_memory_fraction: float = 0.95
     predict_min_confidence: float = 0.6
     kill_grace_s: float = 10
+    # learned reservations and quiet hours (habits.py): how often, how far back, how sure
+    habits_interval_s: float = 3600
+    habits_lookback_weeks: int = 8
+    habits_min_weeks: int = 3
+    quiet_threshold: float = 20.0  # percent utilization under which an hour is quiet
 
     @classmethod
     def from_config(cls, cfg: Any) -> MonitorSettings:
@@ -182,6 +187,7 @@ class Monitor:
         self._open: dict[str, dict[str, float]] = {}  # kind -> open key -> last refresh (monotonic)
         self._ended: list[int] = []
         self._oom_jobs: dict[int, str] = {}
+        self._habits_at = -float("inf")  # when the history was last searched for habits
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[Any] | None = None
         self._unsubscribe: Any = None
@@ -358,6 +364,9 @@ class Monitor:
         self._gpu_errors(now)
         self._rogues(now, running)
         self._set_aside(now)
+        if now - self._habits_at >= self.settings.habits_interval_s:
+            self._habits_at = now
+            self._habits(now)
         self.last_tick_cpu_s = time.process_time() - cpu0
 
     def _idle_hogs(self, now: float, running: list[Job]) -> None:
@@ -435,6 +444,29 @@ class Monitor:
             keys.add(finding.key)
             self.report(finding, now)
         self._resolve_missing("job_set_aside", keys, now)
+
+    def _habits(self, now: float) -> None:
+        """Recurring demand worth a weekly reservation, and quiet hours worth making off-peak
+        (habits.py): one finding each, closed when the habit goes (or is reserved)."""
+        from .habits import covered, find_habits, offpeak_finding, proposal_finding, quiet_windows
+        from .usage import heatmap_report
+
+        s = self.settings
+        history = mstore.jobs_since(self.store, now - s.habits_lookback_weeks * 7 * 86400)
+        policy = self.service.current_policy()
+        keys = set()
+        for habit in find_habits(history, now, policy.utc_offset_s, s.habits_min_weeks, s.habits_lookback_weeks):
+            if covered(habit, self.service.reservations):
+                continue
+            finding = proposal_finding(habit)
+            keys.add(finding.key)
+            self.report(finding, now)
+        self._resolve_missing("reservation_proposal", keys, now)
+        cells = heatmap_report(self.store, now - 28 * 86400, now)["utilization"]
+        quiet = offpeak_finding(quiet_windows(cells, s.quiet_threshold), s.quiet_threshold)
+        if quiet is not None:
+            self.report(quiet, now)
+        self._resolve_missing("offpeak_suggestion", {quiet.key} if quiet else set(), now)
 
     # ================================================================= findings
 

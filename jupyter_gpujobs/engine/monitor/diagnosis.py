@@ -10,7 +10,8 @@
 - `detect_rogues`: processes on a GPU that no running job accounts for.
 
 (`job_set_aside`: a job the scheduler could not handle, reported by the monitor from the
-engine's `set_aside`.)
+engine's `set_aside`. `reservation_proposal` and `offpeak_suggestion`: recurring demand worth
+a reservation, and quiet hours worth making off-peak, from habits.py.)
 
 Each detector returns `Finding`s (or None) with a stable `key`, so the monitor stores one
 open finding per condition. No I/O, no clock: every input is a plain value.
@@ -25,7 +26,8 @@ from typing import Any
 from ...model import Job, JobState, format_duration
 from ..runners.shim import OOM_PATTERNS  # one list: the supervisor reads it at every failure
 
-KINDS = ("oom", "repeated_failure", "idle_hog", "gpu_errors", "gpu_drained", "rogue_process", "job_set_aside")
+KINDS = ("oom", "repeated_failure", "idle_hog", "gpu_errors", "gpu_drained", "rogue_process", "job_set_aside",
+         "reservation_proposal", "offpeak_suggestion")
 
 
 @dataclass

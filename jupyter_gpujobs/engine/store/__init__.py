@@ -23,8 +23,8 @@ from sqlalchemy import Table, and_, create_engine, event, func, insert, or_, sel
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from ...model import Dependency, Job, JobState
-from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, UsageRow
+from ...model import Dependency, Job, JobState, Reservation
+from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, ReservationRow, UsageRow
 
 __all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "store_trouble"]
 
@@ -170,6 +170,12 @@ _ROW_FIELDS = {
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
     "runner_handle", "log_path",
 }
+
+
+def _to_reservation(r: ReservationRow) -> Reservation:
+    return Reservation(id=r.id, gpus=r.gpus, start=r.start, duration_s=r.duration_s, name=r.name or "",
+                       gpu_type=r.gpu_type, host=r.host, repeat=r.repeat, users=tuple(r.users or ()),
+                       groups=tuple(r.groups or ()), created_by=r.created_by, created_at=r.created_at)
 
 
 def _row_values(fields: dict[str, Any]) -> dict[str, Any]:
@@ -599,6 +605,35 @@ class Store:
                     row.gpu_seconds = value
                     row.updated_at = now
 
+
+    # ----------------------------------------------------------------- advance reservations
+
+    def load_reservations(self) -> list[tuple[Reservation, str]]:
+        """Every reservation, by id, with its source ("" or "finding:<id>")."""
+        with self._session() as s:
+            return [(_to_reservation(r), r.source) for r in s.scalars(select(ReservationRow).order_by(ReservationRow.id))]
+
+    @_writes
+    def add_reservation(self, fields: dict[str, Any], actor: str, now: float, source: str = "") -> Reservation:
+        """Store a reservation (`model.validate_reservation`'s fields); returns it with its id."""
+        with self._session.begin() as s:
+            row = ReservationRow(name=fields["name"], gpus=fields["gpus"], gpu_type=fields["gpu_type"],
+                                 host=fields["host"], start=fields["start"], duration_s=fields["duration_s"],
+                                 repeat=fields["repeat"], users=list(fields["users"]), groups=list(fields["groups"]),
+                                 created_by=actor, created_at=now, source=source)
+            s.add(row)
+            s.flush()
+            return _to_reservation(row)
+
+    @_writes
+    def delete_reservation(self, reservation_id: int) -> bool:
+        """Remove a reservation; False when there is none of that id."""
+        with self._session.begin() as s:
+            row = s.get(ReservationRow, reservation_id)
+            if row is None:
+                return False
+            s.delete(row)
+            return True
 
     # ----------------------------------------------------------------- quotas set through the API
 

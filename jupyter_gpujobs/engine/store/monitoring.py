@@ -512,6 +512,16 @@ def finished_runtimes(store: Store, limit: int = 50_000) -> list[Any]:
     return [_to_job(r) for r in reversed(rows)]
 
 
+def jobs_since(store: Store, since: float, limit: int = 200_000) -> list[Any]:
+    """The jobs submitted since then that asked for GPUs, as `model.Job`s (demand history)."""
+    from . import _to_job
+
+    q = (select(JobRow).where(JobRow.submitted_at >= since, JobRow.gpus > 0)
+         .order_by(JobRow.id.desc()).limit(limit))
+    with store.session() as s:
+        return [_to_job(r) for r in s.scalars(q).all()]
+
+
 def wait_times(store: Store, limit: int = 100_000) -> list[float]:
     """Seconds from submission to (last) start of the jobs that started."""
     q = (select(JobRow.submitted_at, JobRow.started_at).where(JobRow.started_at.is_not(None))

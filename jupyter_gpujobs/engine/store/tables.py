@@ -142,6 +142,28 @@ class QuotaChangeRow(Base):
     __table_args__ = (Index("ix_quota_changes_target", "scope", "name"),)
 
 
+class ReservationRow(Base):
+    """An advance reservation (revision 0006): GPUs kept for some users or groups, once or
+    repeating; `source` says where it came from ("" by hand, "finding:<id>" from a learned
+    proposal that was accepted)."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    host: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    start: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[int] = mapped_column(Integer)
+    repeat: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    users: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    groups: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(64), default="")
+
+
 # --------------------------------------------------------------------------- monitoring
 # (revision 0002; read and written by store/monitoring.py for jupyter_gpujobs/monitor/)
 

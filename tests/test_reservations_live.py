@@ -1,0 +1,112 @@
+"""Advance reservations on a real Jupyter server with fake GPUs 2xA100: a reserved GPU is not
+given to others, its holders start at once, and a learned proposal is accepted with one action."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from servers import wait_for
+
+PY = sys.executable
+SLEEP = [PY, "-c", "import time; time.sleep(30)"]
+
+
+async def _job(api: Any, job_id: int) -> dict[str, Any]:
+    status, body = await api("GET", f"jobs/{job_id}")
+    assert status == 200, body
+    return body
+
+
+async def test_a_reserved_gpu_is_kept_for_its_holders(api: Any, engine: Any) -> None:
+    status, res = await api("POST", "reservations", {"gpus": 1, "gpu_type": "A100", "start": time.time() - 60,
+                                                     "duration": "1h", "groups": ["vision"], "name": "vision-now"})
+    assert status == 201, res
+    assert res["active"] and res["assigned"]["gpus"] == [0] and res["holders"] == "group vision"
+    _, listed = await api("GET", "reservations")
+    assert [r["id"] for r in listed["reservations"]] == [res["id"]]
+
+    ids = []
+    for _ in range(2):  # not holders: only GPU 1 is theirs
+        status, body = await api("POST", "jobs", {"command": SLEEP, "gpus": 1, "time_limit": "2m"})
+        assert status == 201, body
+        ids.append(body["id"])
+    first = await wait_for(lambda: _running(api, ids[0]), timeout=15)
+    assert first["assigned_gpus"] == [1]
+    await wait_for(lambda: _reason(api, ids[1], "GPU 0 is reserved for group vision until"), timeout=10)
+    # a holder's job starts at once on the reserved GPU, although job ids[1] came first
+    status, holder = await api("POST", "jobs", {"command": SLEEP, "gpus": 1, "time_limit": "2m", "group": "vision"})
+    assert status == 201, holder
+    started = await wait_for(lambda: _running(api, holder["id"]), timeout=15)
+    assert started["assigned_gpus"] == [0]
+    assert (await _job(api, ids[1]))["state"] == "PENDING"
+
+    # removed: the GPU is anyone's again (the holder's job keeps running there)
+    status, _ = await api("DELETE", f"reservations/{res['id']}")
+    assert status == 200
+    _, listed = await api("GET", "reservations")
+    assert listed["reservations"] == []
+    for jid in [*ids, holder["id"]]:
+        await api("DELETE", f"jobs/{jid}")
+
+
+async def test_bad_reservations_are_refused_naming_the_field(api: Any) -> None:
+    for body, field in [({"gpus": 3, "start": "+1h", "duration": "1h", "users": "a"}, "gpus"),
+                        ({"gpus": 1, "gpu_type": "H100", "start": "+1h", "duration": "1h", "users": "a"}, "gpu_type"),
+                        ({"gpus": 1, "start": "+1h", "duration": "1h", "repeat": "yearly", "users": "a"}, "repeat"),
+                        ({"gpus": 1, "start": "+1h", "duration": "1h"}, "users"),
+                        ([1, 2], "body")]:
+        status, err = await api("POST", "reservations", body)
+        assert status == 400 and err["field"] == field, (body, err)
+    status, err = await api("DELETE", "reservations/99")
+    assert status == 404
+    status, err = await api("DELETE", "reservations/x")
+    assert status == 400 and err["field"] == "id"
+    status, err = await api("POST", "reservations", {"proposal": 12345})
+    assert status == 404
+
+
+async def test_a_learned_weekly_habit_is_proposed_and_accepted(api: Any, engine: Any, jp_serverapp: Any) -> None:
+    monitor = jp_serverapp.web_app.settings["gpujobs_monitor"]
+    now = time.time()
+    # four Fridays back, group vision asked for 2 A100 at 09:02 (local = UTC here) for up to 3 hours
+    day = int(now // 86400)
+    friday = (day - ((day + 3) % 7 - 4) % 7) * 86400.0  # the last Friday, 00:00 UTC
+    if friday + 9 * 3600 > now:
+        friday -= 7 * 86400
+    store = engine.store
+    for week in range(4):
+        t = friday - week * 7 * 86400 + 9 * 3600 + 120
+        [j] = store.add_jobs([{"command": ["true"], "gpus": 2, "gpu_type": "A100", "user": "carol", "group": "vision",
+                               "name": "train", "time_limit_s": 3 * 3600}], "carol", t)
+        store.update_job(j.id, state="COMPLETED", submitted_at=t, started_at=t + 60, ended_at=t + 60 + 2 * 3600)
+    policy = engine.current_policy()
+    assert policy.utc_offset_s == 0
+    monitor._habits(now)
+    status, found = await api("GET", "findings", params={"kind": "reservation_proposal"})
+    assert status == 200
+    [proposal] = found["findings"]
+    assert proposal["message"].startswith("group vision runs jobs on 2 A100 every Friday 09:00–13:00 (4 weeks seen)")
+    status, res = await api("POST", "reservations", {"proposal": proposal["id"]})
+    assert status == 201, res
+    assert (res["gpus"], res["gpu_type"], res["repeat"], res["groups"]) == (2, "A100", "weekly", ["vision"])
+    assert res["duration_s"] == 4 * 3600 and res["source"] == f"finding:{proposal['id']}"
+    assert time.gmtime(res["next_start"]).tm_wday == 4 and time.gmtime(res["next_start"]).tm_hour == 9
+    status, found = await api("GET", "findings", params={"kind": "reservation_proposal"})
+    assert not found["findings"][0]["open"] and "accepted by" in found["findings"][0]["action"]
+    status, again = await api("POST", "reservations", {"proposal": proposal["id"]})
+    assert status == 409
+    monitor._habits(now)  # reserved now: not proposed again
+    status, found = await api("GET", "findings", params={"kind": "reservation_proposal", "open": "1"})
+    assert found["findings"] == []
+
+
+async def _running(api: Any, job_id: int) -> dict[str, Any] | None:
+    body = await _job(api, job_id)
+    return body if body["state"] == "RUNNING" else None
+
+
+async def _reason(api: Any, job_id: int, text: str) -> bool:
+    body = await _job(api, job_id)
+    return body["state"] == "PENDING" and text in (body.get("reason") or "")
