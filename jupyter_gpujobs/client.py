@@ -243,6 +243,11 @@ class _Calls:
         """Report the end of a job whose process the engine did not start (a kernel)."""
         return self._call("POST", f"jobs/{int(job_id)}/end", body=_drop_none({"state": state, "reason": reason}))
 
+    def adopt(self, job_id: int, pid: int) -> Any:
+        """Have the engine confine process `pid` (a GPU kernel's) in its job's cgroup:
+        `{"confined": bool, "isolation": text}`."""
+        return self._call("POST", f"jobs/{int(job_id)}/adopt", body={"pid": int(pid)})
+
     def log(self, job_id: int, offset: int = 0) -> Any:
         """`{"offset": next offset, "data": text, "done": bool}`."""
         return self._call("GET", f"jobs/{int(job_id)}/log", params={"offset": offset})

@@ -116,6 +116,23 @@ class UserServer:
                     raise RuntimeError(f"{self.user}'s kernel did not answer") from None
 
 
+def evaluate(kc: Any, code: str, timeout: float = 60) -> Any:
+    """Run code that prints one JSON value in a kernel; return the value."""
+    msg_id = kc.execute(code)
+    out = ""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        elif msg["msg_type"] == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return json.loads(out.strip().splitlines()[-1])
+
+
 @dataclass
 class Team:
     """`with Team(fake_gpus="4xA100") as team:` a shared engine and one server per user."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from team import ADMIN, USER_PYTHON, USERS, Team, missing
+from team import ADMIN, USER_PYTHON, USERS, Team, evaluate, missing
 
 from jupyter_gpujobs.engine.runners import LaunchRequest
 
@@ -116,10 +116,10 @@ def test_jobs_and_kernels_carry_no_credential(team: Team) -> None:
     assert "GPUJOBS_TOKEN" not in log
     kc = s1.start_kernel()
     try:
-        env = _evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_URL'), "
+        env = evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_URL'), "
                             "os.environ.get('GPUJOBS_TOKEN'), os.getuid()]))")
         assert env[0] == f"unix://{team.socket}" and env[1] is None and env[2] == _uid(U1)
-        assert _evaluate(kc, WHOAMI)["user"] == U1
+        assert evaluate(kc, WHOAMI)["user"] == U1
     finally:
         s1.shutdown_kernel(kc)
 
@@ -131,7 +131,7 @@ def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
     s2 = team.servers[U2]
     kc = s2.start_kernel("gpu-test")
     try:
-        env = _evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_JOB_ID'), "
+        env = evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_JOB_ID'), "
                             "os.environ.get('CUDA_VISIBLE_DEVICES'), os.getuid()]))")
         assert env[0] and env[1] and env[2] == _uid(U2)
         job = s2.api("GET", f"jobs/{env[0]}").json()
@@ -391,23 +391,6 @@ def _reply(kc: Any, msg_id: str, timeout: float) -> dict[str, Any]:
             raise AssertionError("no reply from the kernel") from None
         if msg["parent_header"].get("msg_id") == msg_id:
             return msg["content"]
-
-
-def _evaluate(kc: Any, code: str, timeout: float = 60) -> Any:
-    """Run code that prints one JSON value in a kernel; return the value."""
-    msg_id = kc.execute(code)
-    out = ""
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        elif msg["msg_type"] == "error":
-            raise AssertionError("\n".join(msg["content"]["traceback"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return json.loads(out.strip().splitlines()[-1])
 
 
 def _uid(user: str) -> int:

@@ -24,6 +24,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..model import (
     GPU,
     Claim,
@@ -46,7 +48,8 @@ from .claim import GPUClaim
 from .gpus import GPUBackend
 from .runners import NOT_STARTED_REASON, Exit, LaunchRequest, Runner
 from .runners.cgroups import FENCE_OFF
-from .runners.users import NotAUnixUser, can_enter, in_group, run_as
+from .runners.cgroups import PARENT as CGROUP_PARENT
+from .runners.users import NotAUnixUser, can_enter, in_group, lookup, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
@@ -164,6 +167,12 @@ class JobService:
         self._pending: dict[int, Job] = {}
         self._running: dict[int, Job] = {}
         self._handles: dict[int, dict[str, Any]] = {}
+        # GPU kernels whose processes the engine confines (`adopt`): job id -> runner handle;
+        # the ends asked for them and waiting for their last process (job id -> state, actor,
+        # reason); since when an adopted kernel has had no process left (job id -> clock)
+        self._adopted: dict[int, dict[str, Any]] = {}
+        self._ending: dict[int, tuple[JobState, str, str]] = {}
+        self._empty_since: dict[int, float] = {}
         self._plan = Plan()
         self._plan_at = 0.0
         self._waiting: list[int] = []  # pending job ids in queue order, after the last plan's starts
@@ -313,6 +322,9 @@ class JobService:
                 if e["state"] == "STOPPING" and (e.get("data") or {}).get("outcome") == "cancelled":
                     self._cancel_requested[job.id] = (e.get("data") or {}).get("reason") or e["reason"]
             if job.kind in EXTERNAL_KINDS:
+                handle = self.store.runner_handle(job.id)
+                if handle and handle.get("adopted"):
+                    self._adopted[job.id] = handle  # a kernel the engine confines: watched again
                 continue
             handle = self.store.runner_handle(job.id)
             if not handle:
@@ -835,7 +847,9 @@ class JobService:
         if self.mirror is not None:
             return await self.mirror.cancel(job, user, wait_s)
         reason = f"cancelled by {user}"
-        if job.state is JobState.PENDING or job.kind in EXTERNAL_KINDS:
+        if job.state is JobState.RUNNING and job.kind in EXTERNAL_KINDS:
+            return self._end_external(job, JobState.CANCELLED, user, reason)
+        if job.state is JobState.PENDING:
             return self._set_state(job.id, JobState.CANCELLED, user, reason,
                                    expect=(JobState.PENDING, JobState.RUNNING)) or self.get(job_id)
         if job.id in self._terminating:  # already stopping (preempted): it ends CANCELLED, not requeued
@@ -870,7 +884,86 @@ class JobService:
             raise InvalidInput("kind", f"job {job_id} is a {job.kind} job; cancel it instead")
         if job.state.is_final:
             return job
+        if job.state is JobState.RUNNING:
+            return self._end_external(job, end, user, reason)
         return self._set_state(job_id, end, user, reason, expect=(JobState.PENDING, JobState.RUNNING)) or job
+
+    # ---- GPU kernels: processes the engine did not start, confined once their provisioner asks
+
+    def adopt(self, job_id: int, user: str, pid: Any, launcher: int) -> dict[str, Any]:
+        """Put a running GPU kernel's process (and its children) under the engine's watch: its
+        own cgroup with the device fence and limits a job of its own would get, so that its
+        time limit, cancel and GPU release hold even when the Jupyter server that launched it
+        is gone. Called by the kernel provisioner right after the launch (and each restart).
+
+        The process must belong to the job's owner (its real uid), descend from `launcher`
+        (the caller's process: the Jupyter server that started the kernel) and be in no other
+        job's cgroup: nobody confines a stranger's process, nor takes one out of its own job.
+        Returns {"confined": bool, "isolation": what is in force}."""
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid < 1 << 31:
+            raise InvalidInput("pid", f"expected a process id, got {str(pid)[:40]!r}")
+        job = self.get(job_id)
+        self.check_owner(job, user)
+        if job.kind not in EXTERNAL_KINDS:
+            raise InvalidInput("kind", f"job {job_id} is a {job.kind} job; the engine already supervises it")
+        if job.state is not JobState.RUNNING or job.id in self._ending:
+            raise Conflict("state", f"job {job_id} is {job.state.value}, not running: nothing to confine")
+        if self.mirror is not None:
+            return {"confined": False, "isolation": "the kernel is a Slurm job; Slurm confines it"}
+        procs = _process_tree(pid, _owner_uid(job.user, self.run_as_owner), launcher)
+        for proc_pid, run in procs:
+            if run and run != f"kernel-{job.id}":
+                raise PermissionDenied(f"process {proc_pid} belongs to another GPU job ({run}); "
+                                       "it cannot join this one")
+        handle = self._adopted.get(job.id)
+        gpus = [g for g in self.inventory if g.index in job.assigned_gpus and g.host in (None, job.host)]
+        req = LaunchRequest(job_id=job.id, command=[], cwd="", mem_bytes=job.mem_bytes, cpus=job.cpus,
+                            deny_devices=self._deny_devices(gpus))
+        try:
+            new = self.runner.adopt(req, [p for p, _ in procs])
+        except OSError as err:
+            log.warning("gpujobs: could not confine kernel job %s (pid %s): %s", job.id, pid, err)
+            return {"confined": False, "isolation": f"not confined: {err.strerror or err}"}
+        if new is None:
+            return {"confined": False, "isolation": self.isolation}
+        if handle != new:
+            self.store.update_job(job.id, runner_handle=new)
+            self._adopted[job.id] = new
+        self._empty_since.pop(job.id, None)
+        return {"confined": True, "isolation": self.isolation}
+
+    def _end_external(self, job: Job, state: JobState, actor: str, reason: str) -> Job:
+        """End a running kernel job. A confined one keeps its GPUs until its last process is
+        gone: everything left in its cgroup is killed and the end is recorded once it is empty
+        (`_watch_adopted`), so no process of it runs on a GPU given to another job."""
+        if job.id in self._ending:  # the first end asked wins (a time limit over the death it causes)
+            state, actor, reason = self._ending[job.id]
+        handle = self._adopted.get(job.id)
+        if handle is not None and not self.runner.stop_adopted(handle):
+            self._ending[job.id] = (state, actor, reason)
+            return job
+        return self._set_state(job.id, state, actor, reason, expect=(JobState.RUNNING,)) or self.get(job.id)
+
+    #: An adopted kernel with no process left for this long has ended (its Jupyter server is
+    #: gone, or it would have said so); a restart of the kernel takes far less.
+    KERNEL_GONE_S = 30.0
+
+    def _watch_adopted(self) -> None:
+        now = self.clock()
+        for job_id, handle in list(self._adopted.items()):
+            ending = self._ending.get(job_id)
+            if ending is not None:
+                if self.runner.stop_adopted(handle):
+                    self._set_state(job_id, *ending, expect=(JobState.RUNNING,))
+                continue
+            if self.runner.adopted_alive(handle):
+                self._empty_since.pop(job_id, None)
+                continue
+            since = self._empty_since.setdefault(job_id, now)
+            if now - since >= self.KERNEL_GONE_S:
+                self._set_state(job_id, JobState.FAILED, "engine",
+                                "kernel gone: none of its processes is left (was its Jupyter server stopped?)",
+                                expect=(JobState.RUNNING,))
 
     def read_log(self, job_id: int, offset: int = 0, max_bytes: int = 256 * 1024,
                  viewer: str | None = None) -> tuple[str, int, bool]:
@@ -1107,6 +1200,11 @@ class JobService:
             self._warned.discard(job_id)
             self._cancel_requested.pop(job_id, None)
             self._unrecorded.pop(job_id, None)
+            self._ending.pop(job_id, None)
+            self._empty_since.pop(job_id, None)
+            adopted = self._adopted.pop(job_id, None)
+            if adopted is not None:
+                self.runner.release_adopted(adopted)
             for fut in self._ended_waiters.pop(job_id, []):
                 if not fut.done():
                     fut.set_result(job)
@@ -1139,6 +1237,8 @@ class JobService:
                 self._finish(job_id, exit_)  # raises StoreUnavailable while it lasts
                 self._unrecorded.pop(job_id, None)
             self._store_ok()
+        if self._adopted:
+            self._watch_adopted()
         if not self._handles:
             return
         for exit_ in self.runner.poll(dict(self._handles)):
@@ -1233,7 +1333,7 @@ class JobService:
             victims, until, _ = self._claims.get(p.by_job_id, (set(), 0.0, False))
             self._claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + self.policy.preempt_grace_s), False)
             if victim.kind in EXTERNAL_KINDS:
-                self._set_state(victim.id, JobState.CANCELLED, "scheduler", p.reason, expect=(JobState.RUNNING,))
+                self._end_external(victim, JobState.CANCELLED, "scheduler", p.reason)
             else:
                 self._terminate(victim, p.reason, "preempted", self.policy.preempt_grace_s)
         by_host = {(g.host, g.index): g for g in gpus}
@@ -1358,7 +1458,8 @@ class JobService:
             if now >= end:
                 reason = f"time limit of {format_duration(job.time_limit_s)} reached"
                 if job.kind in EXTERNAL_KINDS:
-                    self._set_state(job.id, JobState.TIMEOUT, "engine", reason, expect=(JobState.RUNNING,))
+                    if job.id not in self._ending:
+                        self._end_external(job, JobState.TIMEOUT, "engine", reason)
                 elif now >= end + self.kill_grace_s + 5:
                     self._terminate(job, reason, "timeout", self.kill_grace_s)
 
@@ -1422,8 +1523,6 @@ class JobService:
         if job.array_index is not None:
             env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
             env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
-        nodes = self.gpus.device_nodes()
-        given = {g.index for g in gpus}
         try:
             owner = run_as(job.user, self.run_as_owner)
         except NotAUnixUser:
@@ -1443,12 +1542,56 @@ class JobService:
             run_as=owner,
             mem_bytes=job.mem_bytes,
             cpus=job.cpus,
-            deny_devices=[path for index, path in sorted(nodes.items()) if index not in given],
+            deny_devices=self._deny_devices(gpus),
         )
+
+    def _deny_devices(self, gpus: list[GPU]) -> list[str]:
+        """The device nodes of this machine's GPUs other than `gpus` (a job's device fence)."""
+        given = {g.index for g in gpus}
+        return [path for index, path in sorted(self.gpus.device_nodes().items()) if index not in given]
 
     def _discard(self, handle: dict[str, Any]) -> None:
         if handle:
             self.runner.discard(handle)
+
+
+def _owner_uid(user: str, mode: str) -> int:
+    """The Unix uid a job of `user` runs as (the engine's own where jobs run as the engine)."""
+    name = run_as(user, mode)
+    entry = lookup(name) if name else None
+    return entry.pw_uid if entry is not None else os.geteuid()
+
+
+def _process_tree(pid: int, uid: int, launcher: int) -> list[tuple[int, str]]:
+    """`pid` and its descendants, each with the name of the GPU job run whose cgroup holds it
+    ("" for none). Refuses a process that does not exist, whose real uid is not `uid`, or that
+    `launcher` did not start (directly or not)."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+        if top.uids().real != uid:
+            raise PermissionDenied(f"process {pid} is not yours: only your own processes can join your job")
+        if launcher not in {p.pid for p in top.parents()}:
+            raise PermissionDenied(f"process {pid} was not started by the caller (process {launcher}); "
+                                   "only the Jupyter server that launched a kernel can have it confined")
+    except psutil.NoSuchProcess:
+        raise InvalidInput("pid", f"no process {pid} is running") from None
+    except psutil.AccessDenied:
+        raise PermissionDenied(f"process {pid} is not yours") from None
+    out = []
+    for proc in procs:
+        run = ""
+        try:
+            with open(f"/proc/{proc.pid}/cgroup") as f:
+                for line in f:
+                    _, _, path = line.rstrip("\n").partition(":")[2].partition(":")
+                    if f"/{CGROUP_PARENT}/" in f"{path}/":
+                        run = path.split(f"/{CGROUP_PARENT}/", 1)[1].split("/", 1)[0]
+                        break
+        except OSError:
+            continue  # exited meanwhile
+        out.append((proc.pid, run))
+    return out
 
 
 def _resolve_cwd(value: str | None, root_dir: str) -> str:

@@ -9,7 +9,9 @@ kernel is an ordinary local process, started only once the engine gave it GPUs.
   is cancelled and the start fails with a message saying so), then put the allocation into
   the kernel's environment (`CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`,
   `CUDA_DEVICE_ORDER=PCI_BUS_ID`, `GPUJOBS_JOB_ID`, ...). A restart keeps the job.
-- `post_launch`: a watcher task polls the kernel process and the job every `poll_interval`:
+- `post_launch`: the engine is asked to confine the kernel's process in its job's cgroup
+  (`POST jobs/{id}/adopt`: device fence, limits), so its time limit and GPU release hold even
+  if this server dies; and a watcher task polls the kernel process and the job every `poll_interval`:
   the job ended by the engine (time limit, cancel, preemption) -> the kernel is shut down;
   the process gone on its own -> the job ends FAILED "kernel died"; no execution and ~0 %
   use of its GPUs for `idle_timeout` -> the job ends CANCELLED "idle for ..." and the kernel
@@ -386,6 +388,21 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             restarter.restart_limit = 0
         self._idle_since = time.time()
         self._start_watcher()
+        if self.pid:
+            _spawn(self._confine(self.job_id, int(self.pid)))
+
+    async def _confine(self, job_id: int, pid: int) -> None:
+        """Have the engine confine the kernel in its job's cgroup (device fence, limits), so its
+        time limit and GPU release hold even if this server dies. Off the start's path: the
+        kernel is usable meanwhile. Where the host has no cgroups the engine says so, once."""
+        try:
+            answer = await (await self._get_client()).adopt(job_id, pid)
+        except (GPUJobsError, GPUKernelStartError) as err:
+            self.log.warning("gpujobs: kernel %s is not confined by the engine: %s", self.kernel_id,
+                             getattr(err, "message", err))
+            return
+        if not answer.get("confined"):
+            self.log.info("gpujobs: kernel %s runs unconfined (%s)", self.kernel_id, answer.get("isolation"))
 
     # ================================================================= watching
 
@@ -483,7 +500,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def _on_exit(self, rc: int | None) -> None:
         """The kernel process ended without being asked to."""
-        if rc == 0:
+        if self._deadline is not None and time.time() >= self._deadline:
+            state, reason = "TIMEOUT", "time limit reached"  # the engine stopped it at the limit
+        elif rc == 0:
             state, reason = "COMPLETED", "kernel exited"
         elif rc is not None and rc < 0:
             try:

@@ -11,6 +11,7 @@ import getpass
 import json
 import logging
 import math
+import os
 import re
 import time
 from functools import lru_cache
@@ -25,6 +26,7 @@ from tornado import web, websocket
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
 from ..service import Conflict, JobService, NotFound, PermissionDenied, StoreUnavailable
+from .identity import peer_pid
 
 AUTH_RESOURCE = "gpujobs"
 API = "gpujobs/api"
@@ -300,6 +302,22 @@ class JobEndHandler(GPUJobsHandler):
         self.reply(self.service.view(job))
 
 
+class JobAdoptHandler(GPUJobsHandler):
+    """`POST jobs/{id}/adopt {"pid": N}`: confine a running GPU kernel's process in its job's
+    cgroup, with the device fence (asked by the kernel provisioner after each launch)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str) -> None:
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        # the kernel must be a child of the caller: the user's Jupyter server on the shared
+        # engine's socket, this very server where the engine is embedded (its provisioner)
+        launcher = peer_pid(self) or os.getpid()
+        self.reply(self.service.adopt(self.job_id(job_id), self.owner, body.get("pid"), launcher))
+
+
 class JobLogHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
@@ -539,6 +557,7 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/jobs/{JOB_ID}/log/?", JobLogHandler),
     (rf"/{API}/jobs/{JOB_ID}/events/?", JobEventsHandler),
     (rf"/{API}/jobs/{JOB_ID}/end/?", JobEndHandler),
+    (rf"/{API}/jobs/{JOB_ID}/adopt/?", JobAdoptHandler),
     (rf"/{API}/jobs/{JOB_ID}/?", JobHandler),
     (rf"/{API}/queue/?", QueueHandler),
     (rf"/{API}/quota/?", QuotaHandler),

@@ -31,6 +31,15 @@ def peer_uid(handler: Any) -> int | None:
     return uid
 
 
+def peer_pid(handler: Any) -> int | None:
+    """The pid of the process at the other end of a request's Unix socket (None over TCP)."""
+    sock = handler.request.connection.stream.socket
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    pid, _uid, _gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid
+
+
 def user_name(uid: int) -> str | None:
     try:
         return pwd.getpwuid(uid).pw_name

@@ -109,3 +109,24 @@ class Runner(abc.ABC):
     def close(self) -> None:
         """The engine stops: let go of what the runner holds (running jobs are not touched)."""
         return None
+
+    # ---- processes the engine did not start (a GPU kernel, launched by its provisioner)
+
+    def adopt(self, req: LaunchRequest, pids: list[int]) -> dict[str, Any] | None:
+        """Confine running processes of job `req.job_id` as a run of its own would be (its
+        cgroup, device fence and limits from `req`; `req.command` is unused). Returns the
+        handle to keep (`adopted_alive`, `stop_adopted`, `release_adopted` take it), or None
+        where this runner cannot confine them (OSError: the host refused)."""
+        return None
+
+    def adopted_alive(self, handle: dict[str, Any]) -> bool:
+        """Is any process of an adopted job left (however it daemonized)?"""
+        return False
+
+    def stop_adopted(self, handle: dict[str, Any]) -> bool:
+        """SIGKILL every process of an adopted job at once; True when none is left."""
+        return True
+
+    def release_adopted(self, handle: dict[str, Any]) -> None:
+        """The adopted job ended: remove what confined it."""
+        return None

@@ -240,6 +240,12 @@ def _tracker(cg: dict[str, str]) -> str | None:
     return None
 
 
+def exists(cg: dict[str, str]) -> bool:
+    """Have the run's cgroups been made (and not removed)?"""
+    folder = _tracker(cg)
+    return folder is not None and os.path.isdir(folder)
+
+
 def pids(cg: dict[str, str]) -> list[int]:
     """The processes in the run's cgroup (empty when it is gone)."""
     folder = _tracker(cg)

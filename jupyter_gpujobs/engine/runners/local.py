@@ -226,6 +226,44 @@ class LocalRunner(Runner):
         """Stop the supervisors waiting for a job (running jobs are not touched)."""
         self._close_standbys()
 
+    # ------------------------------------------------------------------ adopted processes
+
+    def adopt(self, req: LaunchRequest, pids: list[int]) -> dict[str, Any] | None:
+        """A GPU kernel's processes into the job's own cgroups, `kernel-<id>` (made with the
+        fence and limits on the first call; a kernel restart joins the same ones)."""
+        iso = self.isolation
+        if not iso.enabled:
+            return None
+        cg = iso.paths(f"kernel-{req.job_id}")
+        if not cgroups.exists(cg):
+            try:
+                cgroups.create(cg, req.deny_devices if iso.fence else [], req.mem_bytes, req.cpus,
+                               iso.v2_controllers, iso.bpf)
+            except OSError:
+                cgroups.remove(cg)
+                raise
+        for pid in pids:
+            for path in cgroups.procs_files(cg):
+                try:
+                    with open(path, "w") as f:
+                        f.write(str(pid))
+                except ProcessLookupError:
+                    break  # it exited meanwhile: nothing to confine
+        return {"runner": self.name, "adopted": True, "cgroups": cg}
+
+    def adopted_alive(self, handle: dict[str, Any]) -> bool:
+        return cgroups.populated(handle.get("cgroups") or {})
+
+    def stop_adopted(self, handle: dict[str, Any]) -> bool:
+        cg = handle.get("cgroups") or {}
+        if cg and cgroups.populated(cg):
+            cgroups.kill(cg)
+            return not cgroups.populated(cg)
+        return True
+
+    def release_adopted(self, handle: dict[str, Any]) -> None:
+        cgroups.remove(handle.get("cgroups") or {})
+
     # ------------------------------------------------------------------ stop
 
     def terminate(self, job_id: int, handle: dict[str, Any], reason: str,
