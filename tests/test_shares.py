@@ -164,3 +164,32 @@ async def test_the_api_takes_a_share_and_refuses_an_impossible_one(api: Any) -> 
     assert "whole number of GPUs (e.g. 2) or a share of one GPU below 1" in body["message"]
     status, body = await api("POST", "jobs", {"command": ["true"], "gpus": 2, "gpu_memory": "20G"})
     assert status == 400 and "cannot go with gpus: 2" in body["message"]
+
+
+async def test_four_quarter_jobs_run_at_once_on_one_gpu_and_a_whole_job_runs_on_another(api: Any) -> None:
+    import sys
+
+    from servers import wait_for
+
+    code = "import os, time; print('gpu=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(4)"
+    ids = []
+    for n in range(4):
+        status, body = await api("POST", "jobs", {"command": [sys.executable, "-c", code], "gpus": 0.25,
+                                                  "time_limit": "1m", "name": f"quarter{n}"})
+        assert status == 201, body
+        ids.append(body["id"])
+    status, body = await api("POST", "jobs", {"command": [sys.executable, "-c", code], "gpus": 1, "time_limit": "1m"})
+    assert status == 201, body
+    whole = body["id"]
+
+    async def all_running() -> Any:
+        jobs = [(await api("GET", f"jobs/{i}"))[1] for i in [*ids, whole]]
+        return jobs if all(j["state"] == "RUNNING" for j in jobs) else None
+
+    jobs = await wait_for(all_running, timeout=15)
+    cards = {tuple(j["assigned_gpus"]) for j in jobs[:4]}
+    assert len(cards) == 1 and len(next(iter(cards))) == 1, "the four quarters share one card"
+    assert tuple(jobs[4]["assigned_gpus"]) not in cards, "the whole-GPU job has a card of its own"
+    assert all(j["share"] == 0.25 and "share of GPU" in j["reason"] for j in jobs[:4])
+    status, quota = await api("GET", "quota")
+    assert status == 200 and quota["running_gpus"] == 2, "four quarters and one whole GPU make 2 GPUs in use"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import quota_to_dict
-from ..model import JobState, Quota
+from ..model import JobState, Quota, share_fraction
+from .scheduler.shares import gpu_bytes, running_weight
 
 
 def _effective(service: Any, scope: str, name: str) -> Quota | None:
@@ -25,12 +26,21 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
     running = [j for j in mine if j.state is JobState.RUNNING]
     pending = [j for j in mine if j.state is JobState.PENDING]
     quota = _effective(service, "users", user)
+    card_bytes = gpu_bytes(service.inventory)
+    largest = max(card_bytes.values(), default=0)
+
+    def gpus(jobs: list[Any]) -> float:
+        """GPUs in use or asked for, a share counted as its part of one GPU."""
+        total = sum(running_weight(j, card_bytes) if j.state is JobState.RUNNING else share_fraction(j, largest)
+                    for j in jobs)
+        return int(total) if float(total).is_integer() else round(total, 4)
+
     groups: dict[str, Any] = {}
     for name in sorted({j.group for j in mine if j.group} | set(policy.group_quotas)):
         members = [j for j in service.active_jobs() if j.group == name and j.state is JobState.RUNNING]
         groups[name] = {
             "quota": quota_to_dict(policy.group_quotas.get(name)),
-            "running_gpus": sum(j.gpus for j in members),
+            "running_gpus": gpus(members),
             "running_jobs": len(members),
             "set": _set(service, "groups", name),
         }
@@ -39,11 +49,11 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
                 else policy.user_max_running_jobs)
     return {
         "user": user,
-        "running_gpus": sum(j.gpus for j in running),
+        "running_gpus": gpus(running),
         "running_jobs": len(running),
         "pending_jobs": len(pending),
-        "pending_gpus": sum(j.gpus for j in pending),
-        "borrowed_gpus": sum(j.gpus for j in running if j.borrowed),
+        "pending_gpus": gpus(pending),
+        "borrowed_gpus": gpus([j for j in running if j.borrowed]),
         "guaranteed_gpus": quota.guaranteed_gpus if quota else 0,
         "elastic": quota.elastic if quota else True,
         "max_gpus": max_gpus,

@@ -54,6 +54,7 @@ from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
 from .scheduler.reservations import gpus_text, occurrence_at, occurrences
+from .scheduler.shares import gpu_bytes
 from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -299,7 +300,8 @@ class JobService:
 
     def _account_usage(self, running: list[Job], now: float) -> None:
         dt = now - self._usage_at if self._usage_at else 0.0
-        self._usage = decay_and_add(self._usage, running, dt, self.policy.fairshare_half_life_s)
+        self._usage = decay_and_add(self._usage, running, dt, self.policy.fairshare_half_life_s,
+                                    gpu_bytes(self.inventory))
         self._usage_at = now
         if now - self._usage_saved_at > 60:
             self._save_usage(now)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ...model import Job
+from .shares import running_weight
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,12 @@ class Usage:
 
 
 def decay_and_add(usage: Usage | Mapping[str, float] | None, running_jobs: Iterable[Job],
-                  dt: float, half_life: float) -> Usage:
+                  dt: float, half_life: float, card_bytes: Mapping[tuple[str, int], int] | None = None) -> Usage:
     """The usage after `dt` more seconds: old usage decays by 0.5 ** (dt / half_life), then every
-    running job adds (its GPUs) x dt to its user and its group. Pure: returns a new `Usage`.
+    running job adds (its GPUs) x dt to its user and its group; a job on a share of one GPU adds
+    its fraction of the card x dt (`shares.running_weight`; `card_bytes`, the memory of each card
+    by (host, index), gives the fraction of a job that asked for an amount of GPU memory).
+    Pure: returns a new `Usage`.
 
     The service calls it once per cycle before `schedule()`, with `dt` = seconds since the
     previous call and `half_life` = `policy.fairshare_half_life_s`.
@@ -37,7 +41,10 @@ def decay_and_add(usage: Usage | Mapping[str, float] | None, running_jobs: Itera
     groups = {g: v * factor for g, v in old.groups.items() if v * factor > 1e-9}
     if dt > 0:
         for job in running_jobs:
-            used = (len(job.assigned_gpus) or job.gpus) * dt
+            if job.share is not None or job.gpu_memory is not None:
+                used = running_weight(job, card_bytes or {}) * dt
+            else:
+                used = (len(job.assigned_gpus) or job.gpus) * dt
             if used <= 0:
                 continue
             users[job.user] = users.get(job.user, 0.0) + used

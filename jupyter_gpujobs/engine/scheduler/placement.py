@@ -75,8 +75,9 @@ class Cluster:
             if j.host is None:
                 continue
             end = max(ends[j.id], now)
-            for i in j.assigned_gpus:
-                busy[(j.host, i)] = end
+            for i in j.assigned_gpus:  # a card with shares: busy until its last share's end
+                key = (j.host, i)
+                busy[key] = max(end, busy.get(key, end))
         # a GPU in use outside the queue is busy with no known end (until it is released)
         self.foreign_text: dict[int, list[str]] = {}
         one_host = len(set(self.pool_host)) <= 1
@@ -99,6 +100,8 @@ class Cluster:
         self.views: dict[str | None, View] = {}
         self.memberships: list[list[tuple[View, int]]] = [[] for _ in members]
         self.reserved_text: dict[int, list[str]] = {}  # pool -> its advance reservations, for reasons
+        # cards holding shares (shares.py): (pool, index) -> start of the first reservation on it
+        self.shared: dict[tuple[int, int], float] = {}
 
     def block(self, p: int, i: int, start: float, end: float) -> float:
         """Keep GPU i of pool p from `start` to `end` (an advance reservation, before any view
@@ -214,9 +217,12 @@ class Cluster:
         del av[:k]
         end = start + limit
         fp, hp = self.free[p], self.hole[p]
+        sh = self.shared
         for _, i in taken:
             if i in fp and i not in hp:
                 hp[i] = start
+            if sh and sh.get((p, i), -INF) > start:
+                sh[(p, i)] = start
             insort(av, (end, i))
         self._refresh(p)
         return start
@@ -225,11 +231,35 @@ class Cluster:
         """Book these GPUs of pool p from `start` (a preemptor waiting for its victims)."""
         wanted = set(gpus)
         av = [e for e in self.avail[p] if e[1] not in wanted]
+        sh = self.shared
         for i in gpus:
             insort(av, (start + limit, i))
             if i in self.free[p] and i not in self.hole[p]:
                 self.hole[p][i] = start
+            if sh and sh.get((p, i), -INF) > start:
+                sh[(p, i)] = start
         self.avail[p] = av
+        self._refresh(p)
+
+    def occupy(self, p: int, i: int, end: float, old_end: float) -> None:
+        """GPU i of pool p holds shares until `end` (shares.py): a free GPU is taken; a card
+        whose shares ended at `old_end` now ends later (unless a reservation was booked after
+        them: that reservation's end stays on the time line)."""
+        fp = self.free[p]
+        if i in fp:
+            fp.discard(i)
+            if i in self.hole[p]:  # reserved later: the reservation's end stays
+                self._refresh(p)
+                return
+            old_end = self.now
+        elif self.shared.get((p, i), INF) < INF:
+            return
+        av = self.avail[p]
+        n = next(n for n, e in enumerate(av) if e[1] == i)
+        if av[n][0] > old_end:  # booked after its shares (an advance reservation): that end stays
+            return
+        del av[n]
+        insort(av, (end, i))
         self._refresh(p)
 
 

@@ -31,6 +31,7 @@ from .preemption import VictimIndex, choose_victims, victims_text
 from .priority import QueueOrder
 from .quotas import Limit, Quotas
 from .reservations import HolderLine, gpus_text, occurrences, reserved_text
+from .shares import Shares, gpu_bytes, running_weight
 
 
 def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Sequence[Job], gpus: Sequence[GPU],
@@ -116,16 +117,17 @@ def _tokens(key: Callable[[tuple[object, ...]], tuple[object, ...] | None]) -> C
 def _family_key(c: tuple[object, ...]) -> tuple[object, ...] | None:
     """The family of a `job_class` (`_Cycle._bulk_family`): the classes differing only in
     their time limit share it; None for a class decided from its key in each cycle
-    (dependencies, off-peak, a begin time)."""
-    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
-    if depends or offpeak or begin is not None:
+    (dependencies, off-peak, a begin time, a GPU share)."""
+    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends, share, gpu_memory = c
+    if depends or offpeak or begin is not None or share is not None or gpu_memory is not None:
         return None
     return (priority, user, group, k, gt, aid, amr)
 
 
 def _kind_key(c: tuple[object, ...]) -> tuple[object, ...]:
     """The kind of a `job_class` (`_Cycle._kind`: who asks, in which array, at which class)."""
-    priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = c
+    priority, user, group = c[:3]
+    aid, amr = c[6:8]
     return (user, group, aid, amr, priority)
 
 
@@ -162,8 +164,8 @@ class _Cycle:
         self.limits: dict[tuple[str, object], Limit | None] = {}
         self.user_limits: dict[str, list[tuple[Limit, bool]]] = {}
         self.group_limits: dict[str | None, list[tuple[Limit, bool]]] = {}
-        self.user_gpus: dict[str, int] = {}
-        self.group_gpus: dict[str, int] = {}
+        self.user_gpus: dict[str, float] = {}
+        self.group_gpus: dict[str, float] = {}
         self.claimed: dict[str, int] = {}
         self.expected: dict[int, float | None] = self.plan.expected_start
         self.reserve_limit: Limit | None = None
@@ -222,6 +224,7 @@ class _Cycle:
         self.mtl_cache: dict[tuple[str, str | None], tuple[int | None, str]] = {}
         self.default_limit = float(policy.default_time_limit_s)
         self.gen = 0  # counts changes of the free GPUs (starts, preemptions)
+        self.shares: Shares | None = None  # the cards with shares, made at the first share
         self._account_running(running)
 
     def _reserve_ahead(self, reservations: Sequence[Reservation]) -> None:
@@ -351,8 +354,15 @@ class _Cycle:
         """The running jobs' use of the limits, now and on the limits' time lines (each line
         is filled, then made a heap once), and of GPUs per user and group."""
         ends, user_gpus, group_gpus = self.ends, self.user_gpus, self.group_gpus
+        card_bytes: dict[tuple[str, int], int] | None = None
         for j in running:
-            n = len(j.assigned_gpus) if j.assigned_gpus else j.gpus
+            if j.share is not None or j.gpu_memory is not None:  # its fraction of its card
+                if card_bytes is None:
+                    card_bytes = gpu_bytes(self.gpus)
+                    self.shares = Shares(self.cluster, self.gpus, running, ends)
+                n: float = running_weight(j, card_bytes)
+            else:
+                n = len(j.assigned_gpus) if j.assigned_gpus else j.gpus
             end = ends[j.id]
             for lim, per_gpu in self._limits_of(j):
                 a = n if per_gpu else 1
@@ -487,6 +497,9 @@ class _Cycle:
         return floor
 
     def _place(self, j: Job, floor: float, why: str | None, deferred: bool = False) -> None:
+        if j.share is not None or j.gpu_memory is not None:
+            self._place_share(j, floor, why, deferred)
+            return
         plan, now, policy, cl = self.plan, self.now, self.policy, self.cluster
         reasons, expected = plan.reasons, self.expected
         k = j.gpus
@@ -621,6 +634,90 @@ class _Cycle:
         reasons[jid] = why
         expected[jid] = start if self.pred is None or k == 0 else self._predicted_start(j, view, t, limit, start)  # type: ignore[arg-type]
 
+    def _place_share(self, j: Job, floor: float, why: str | None, deferred: bool) -> None:
+        """`_place` for a job that asks for part of one GPU (shares.py packs it): it starts now
+        on a card with room, else waits for the earliest card with room (its expected start,
+        booked on that card). Its limits count its fraction of a GPU. It preempts nobody."""
+        plan, now, policy, cl = self.plan, self.now, self.policy, self.cluster
+        reasons, expected = plan.reasons, self.expected
+        jid = j.id
+        limit = float(j.time_limit_s or self.default_limit)
+        self._limit_s[jid] = limit
+        if floor == INF:
+            reasons[jid] = why or "cannot be predicted"
+            expected[jid] = None
+            return
+        lims, mtl = self._kind(j)
+        if mtl is not None and limit > mtl:
+            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {self.mtl_cache[(j.user, j.group)][1]}"
+            expected[jid] = None
+            return
+        if not cl.pool_host:
+            reasons[jid] = "no GPUs on this server"
+            expected[jid] = None
+            return
+        view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
+        if not view.pids:
+            reasons[jid] = f"no {j.gpu_type} GPUs on this server"
+            expected[jid] = None
+            return
+        if self.shares is None:
+            self.shares = Shares(cl, self.gpus, self.running, self.ends)
+        shares = self.shares
+        never = shares.impossible(j, view)
+        if never is not None:
+            reasons[jid] = never
+            expected[jid] = None
+            return
+        weight = shares.weight(j, view)
+        blocked: Limit | None = None
+        for lim, per_gpu in lims:
+            if lim.now_used + (weight if per_gpu else 1) > lim.cap:
+                blocked = lim
+                break
+        if floor <= now and blocked is None:
+            if self.fifo_blocked is None or policy.backfill:
+                placed = shares.start_now(j, view, limit)
+                if placed is not None:
+                    p, index, frac = placed
+                    borrowed = self.quotas.any_guarantee and not self._within_guarantee(j, frac)
+                    plan.starts.append(Start(jid, cl.pool_host[p], (index,), borrowed, frac))
+                    self._book(j, lims, now, now + limit, amount=frac)
+                    self.user_gpus[j.user] = self.user_gpus.get(j.user, 0) + frac
+                    if j.group:
+                        self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + frac
+                    self.last_start = now
+                    self._cluster_changed()
+                    return
+            if self.fifo_blocked is not None and not policy.backfill:
+                why = f"behind job {self.fifo_blocked} (first in line)"
+            else:
+                why = shares.waiting_reason(j, view)
+        elif why is None:
+            why = blocked.reason if blocked is not None else "waiting"
+        reasons[jid] = why
+        if not self.estimate and self.reserved_n >= self.depth:
+            return
+        t = floor
+        for lim, per_gpu in lims:
+            e = lim.earliest(weight if per_gpu else 1, floor)
+            if e > t:
+                t = e
+        if not policy.backfill and not deferred and t < self.last_start:
+            t = self.last_start
+        start = shares.book_estimate(j, view, t, limit) if t < INF else INF
+        if start == INF:
+            expected[jid] = None
+            return
+        if start < now:
+            start = now
+        if not policy.backfill and not deferred:
+            self.last_start = start
+        if self.fifo_blocked is None and not deferred and blocked is None and floor <= now:
+            self.fifo_blocked = jid
+        self._book(j, lims, start, start + limit, counts_now=False, amount=weight)
+        expected[jid] = start
+
     def _walk_deep(self, ordered: list[Job], classes: list[int], first: int,
                    waiting_dep: Mapping[int, int], later: list[Job]) -> None:
         """The walk past the reservation depth. A job that can only wait (GPUs asked, no begin
@@ -719,8 +816,8 @@ class _Cycle:
             if fk is None:  # dependencies, off-peak or a begin time: from the class key
                 if keys is None:
                     keys = order.class_keys()
-                priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends = keys[c]
-                if depends:
+                priority, user, group, k, gt, tl, aid, amr, offpeak, begin, depends, share, gpu_memory = keys[c]
+                if depends or share is not None or gpu_memory is not None:  # shares: `_place_share`
                     special.add(c)
                     continue
                 if offpeak or begin <= now:  # type: ignore[operator]
@@ -821,7 +918,9 @@ class _Cycle:
         view = cl.views.get(gt)
         kk = (j.user, j.group, j.array_job_id, j.array_max_running, j.priority)
         kind = self.kinds.get(kk) or self._kind(j)
-        if k <= 0 or view is None or k > view.max_size or (self.holder_lines and self._holds(j)):
+        if k <= 0 or view is None or k > view.max_size or j.share is not None or j.gpu_memory is not None:
+            return None  # (a share: `_place_share`)
+        if self.holder_lines and self._holds(j):
             return None  # (a holder's job may start inside its reservation: `_place`)
         lims, mtl = kind
         high = INF if mtl is None else float(mtl)
@@ -1025,9 +1124,11 @@ class _Cycle:
         return self.deep.take(cl, view, k, limit, floor if floor > shape_floor else shape_floor)
 
     def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float,
-              counts_now: bool = True) -> None:
+              counts_now: bool = True, amount: float | None = None) -> None:
+        """Book a job on its limits' time lines; `amount`: the GPUs it counts (a share's fraction)."""
+        gpus = j.gpus if amount is None else amount
         for lim, per_gpu in lims:
-            lim.book(start, end, j.gpus if per_gpu else 1, self.now if counts_now else -INF)
+            lim.book(start, end, gpus if per_gpu else 1, self.now if counts_now else -INF)
 
     # ------------------------------------------------------------------ quotas and preemption
     def _within_guarantee(self, j: Job, k: int) -> bool:
@@ -1058,6 +1159,8 @@ class _Cycle:
             young = self.now - self.policy.preempt_min_runtime_s  # started after it: too young
             for r in self.running:
                 if not (r.borrowed or r.preemptible) or r.host is None or not r.assigned_gpus:
+                    continue
+                if r.share is not None or r.gpu_memory is not None:  # a share frees no whole card
                     continue
                 if r.id in going or (r.started_at is not None and r.started_at > young):
                     continue

@@ -31,7 +31,7 @@ def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
 #: What the planner decides a waiting job by, its id and submit time aside: two jobs of one
 #: class that wait in the same cycle state wait for the same reason.
 job_class = attrgetter("priority", "user", "group", "gpus", "gpu_type", "time_limit_s", "array_job_id",
-                       "array_max_running", "offpeak", "begin", "depends")
+                       "array_max_running", "offpeak", "begin", "depends", "share", "gpu_memory")
 
 Key = tuple[float, float, int]  # (-(score, class tier first), submit time, id): smaller first
 T = TypeVar("T")
