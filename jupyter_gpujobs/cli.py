@@ -201,6 +201,26 @@ def build_parser() -> argparse.ArgumentParser:
     qt.add_argument("--clear", metavar="SCOPE:NAME", help="admins: remove a quota set through the API")
     qt.add_argument("--json", action="store_true")
 
+    rs = sub.add_parser("reserve", help="advance reservations: list them, or (admins) keep GPUs for users or "
+                        "groups", description="Without options: list the reservations. With --gpus, --start and "
+                        "--duration: reserve (admins), e.g. reserve --gpus 4 --type A100 --start 2026-12-11T09:00 "
+                        "--duration 4h --repeat weekly --groups vision")
+    rs.add_argument("--gpus", type=int, help="how many GPUs (on one host)")
+    rs.add_argument("--type", dest="gpu_type", help="GPU model, e.g. A100")
+    rs.add_argument("--host", help="on this host only")
+    rs.add_argument("--start", help="first start: 2026-12-11T09:00 (UTC unless it has an offset), epoch seconds "
+                    "or +2h")
+    rs.add_argument("--duration", help="how long each occurrence lasts, e.g. 4h")
+    rs.add_argument("--repeat", choices=["daily", "weekly", "none"], default=None)
+    rs.add_argument("--users", help="comma-separated users who may use the GPUs")
+    rs.add_argument("--groups", help="comma-separated groups who may use the GPUs")
+    rs.add_argument("--name", help="a name shown in reasons and the panel")
+    rs.add_argument("--delete", type=int, metavar="ID", help="remove reservation ID")
+    rs.add_argument("--accept", type=int, metavar="FINDING",
+                    help="reserve what a reservation_proposal finding proposes (see: jupyter gpujobs findings "
+                    "--kind reservation_proposal)")
+    rs.add_argument("--json", action="store_true")
+
     us = sub.add_parser("usage", help="GPU-hours by user, group or GPU model (--heatmap: utilization by "
                         "weekday and hour)")
     us.add_argument("--since", default="7d", help="start: a date (2026-03-01), epoch seconds or a duration "
@@ -388,6 +408,8 @@ def run(argv: Sequence[str]) -> int:
                 print(report["isolation"])
     elif args.cmd == "quota":
         return _quota(client, args)
+    elif args.cmd == "reserve":
+        return _reserve(client, args)
     elif args.cmd in ("usage", "findings"):
         return _monitor_command(client, args)
     return 0
@@ -436,6 +458,53 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
             what = json.dumps(c["after"]) if c["after"] is not None else "cleared"
             print(f"    {_when(c['time'])}  {c['actor']} set {c['scope'][:-1]} {c['name']}: {what}")
     return 0
+
+
+def _reserve(client: GPUJobsClient, args: argparse.Namespace) -> int:
+    """`reserve`: create (--gpus ...), accept a proposal, delete, or list."""
+    made = None
+    if args.delete is not None:
+        client.delete_reservation(args.delete)
+        print(f"reservation {args.delete} removed")
+        return 0
+    if args.accept is not None:
+        made = client.accept_reservation(args.accept)
+    elif any(v is not None for v in (args.gpus, args.start, args.duration, args.users, args.groups)):
+        missing = [o for o, v in (("--gpus", args.gpus), ("--start", args.start), ("--duration", args.duration))
+                   if v is None]
+        if missing:
+            raise UsageError(f"reserve: give {', '.join(missing)} (and --users or --groups)")
+        made = client.reserve(args.gpus, args.start, args.duration, gpu_type=args.gpu_type, host=args.host,
+                              repeat=args.repeat, name=args.name,
+                              users=args.users.split(",") if args.users else None,
+                              groups=args.groups.split(",") if args.groups else None)
+    if made is not None:
+        print(json.dumps(made, indent=2) if args.json else "reserved: " + format_reservations([made]))
+        return 0
+    found = client.reservations()
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print(format_reservations(found) if found else "no reservations")
+    return 0
+
+
+def format_reservations(rows: list[dict[str, Any]]) -> str:
+    """One line per reservation: id, name, GPUs, for whom, when, next occurrence."""
+    out = []
+    for r in rows:
+        what = f"{r['gpus']} {r['gpu_type'] or 'GPU'}" + ("s" if r["gpus"] > 1 and not r["gpu_type"] else "")
+        where = f" ({r['assigned']['text']}{' on ' + r['assigned']['host'] if r['host'] else ''})" if r.get("assigned") else ""
+        every = {"daily": "every day", "weekly": "every week"}.get(r["repeat"] or "", "once")
+        if r["next_start"] is None:
+            nxt = "over"
+        elif r["active"]:
+            nxt = f"on now, until {_when(r['next_end'])}"
+        else:
+            nxt = f"next {_when(r['next_start'])} to {_when(r['next_end'])}"
+        out.append(f"{r['id']:>4}  {safe_text(r['label'])}: {what}{where} for {safe_text(r['holders'])}, "
+                   f"{format_duration(r['duration_s'])} {every}; {nxt}")
+    return "\n".join(out)
 
 
 def _when(t: float) -> str:

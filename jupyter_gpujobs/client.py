@@ -272,6 +272,27 @@ class _Calls:
         """Admin: set (or with None, clear) the quota of a user (`scope="users"`) or group."""
         return self._call("PUT", "quota", body={"scope": scope, "name": name, "quota": quota})
 
+    # --- advance reservations
+    def reservations(self) -> Any:
+        """Every reservation, with its active or next occurrence and its GPUs then."""
+        return self._call("GET", "reservations")["reservations"]
+
+    def reserve(self, gpus: int, start: str | float, duration: str | int, *, gpu_type: str | None = None,
+                host: str | None = None, repeat: str | None = None, users: list[str] | None = None,
+                groups: list[str] | None = None, name: str | None = None) -> Any:
+        """Admin: keep GPUs for users or groups from `start` (ISO time, epoch seconds or "+2h")
+        for `duration` ("4h"), once or `repeat` "daily" / "weekly"."""
+        return self._call("POST", "reservations", body=_drop_none({
+            "gpus": gpus, "start": start, "duration": duration, "gpu_type": gpu_type, "host": host, "repeat": repeat,
+            "users": users, "groups": groups, "name": name}))
+
+    def accept_reservation(self, proposal: int) -> Any:
+        """Reserve what a reservation_proposal finding proposes (admins; users for themselves)."""
+        return self._call("POST", "reservations", body={"proposal": proposal})
+
+    def delete_reservation(self, reservation_id: int) -> Any:
+        return self._call("DELETE", f"reservations/{reservation_id}")
+
     # --- other engine views
     def openapi(self) -> Any:
         return self._call("GET", "openapi.json")

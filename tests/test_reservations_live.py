@@ -110,3 +110,19 @@ async def _running(api: Any, job_id: int) -> dict[str, Any] | None:
 async def _reason(api: Any, job_id: int, text: str) -> bool:
     body = await _job(api, job_id)
     return body["state"] == "PENDING" and text in (body.get("reason") or "")
+
+
+def test_reserve_from_the_command_line(live_server: Any) -> None:
+    server = live_server(fake_gpus="4xA100")
+    day = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 7 * 86400))
+    out = server.cli("reserve", "--gpus", "2", "--type", "A100", "--start", f"{day}T09:00+00:00", "--duration", "4h",
+                     "--repeat", "weekly", "--groups", "vision", "--name", "vision-fri")
+    assert out.returncode == 0, out.stderr
+    assert "vision-fri: 2 A100 (GPUs 0-1) for group vision, 4h every week; next " in out.stdout
+    listed = server.cli("reserve")
+    assert listed.returncode == 0 and "vision-fri" in listed.stdout
+    bad = server.cli("reserve", "--gpus", "2", "--start", "+1h", "--duration", "4h", "--repeat", "weekly")
+    assert bad.returncode != 0 and "users" in bad.stderr and "Traceback" not in bad.stderr
+    rid = server.client().reservations()[0]["id"]
+    assert server.cli("reserve", "--delete", str(rid)).returncode == 0
+    assert server.cli("reserve").stdout.strip() == "no reservations"
