@@ -64,6 +64,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _in_cgroup(run: str, name: str) -> int:
+    """The pid of the live process `name` whose cgroup path has `/gpujobs/<run>...`."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or not _alive(int(entry)):
+                continue
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{entry}/cgroup") as f:
+                    cgroup = f.read()
+            except OSError:
+                continue
+            if comm == name and f"/gpujobs/{run}" in cgroup:
+                return int(entry)
+        time.sleep(0.1)
+    raise AssertionError(f"no process {name} in a cgroup of {run}")
+
+
 def test_a_kernel_outlives_its_server_only_until_its_time_limit(team: Team) -> None:
     r = team.cli(U1, "kernelspec", "install", "--name", "gpu-short", "--user", "-g", "1", "-t", "25s")
     assert r.returncode == 0, r.stderr
@@ -98,6 +118,28 @@ def test_a_kernel_outlives_its_server_only_until_its_time_limit(team: Team) -> N
         time.sleep(0.2)
 
 
+def test_an_idle_kernel_whose_server_is_gone_is_reclaimed(team: Team) -> None:
+    """Idle reclaim needs the server (it knows when a cell runs) until the server is gone; then
+    the engine reclaims the kernel once its GPUs have been unused for its idle timeout."""
+    r = team.cli(U2, "kernelspec", "install", "--name", "gpu-idle", "--user", "-g", "1", "-t", "10m",
+                 "--idle-timeout", "3s")
+    assert r.returncode == 0, r.stderr
+    server = team.servers[U2]
+    kc = server.start_kernel("gpu-idle")
+    got = evaluate(kc, PROBE.replace("{NODES}", "/nonexistent"))
+    kc.stop_channels()
+    job_id, child = int(got["job"]), int(got["child"])
+    assert got["confined"]
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    deadline = time.monotonic() + 60
+    while (job := _job(team, job_id))["state"] == "RUNNING":
+        assert time.monotonic() < deadline, f"idle kernel job {job_id} was not reclaimed\n{team.logs()}"
+        time.sleep(0.2)
+    assert job["state"] == "CANCELLED" and "idle for 3s" in job["reason"], job
+    assert not _alive(child)
+
+
 def test_nobody_confines_a_strangers_process_or_steals_one_from_a_job(team: Team) -> None:
     # a kernel job of U2's, as a provisioner makes it, and a script job of U2's that runs
     code = ("from jupyter_gpujobs.client import GPUJobsClient as C; import json; c = C(); "
@@ -110,8 +152,7 @@ def test_nobody_confines_a_strangers_process_or_steals_one_from_a_job(team: Team
         time.sleep(0.1)
     stranger = subprocess.Popen(["sleep", "120"])  # root's, not U2's
     try:
-        script_pid = int(subprocess.run(["pgrep", "-u", U2, "-x", "sleep"], capture_output=True, text=True)
-                         .stdout.split()[0])
+        script_pid = _in_cgroup(f"job-{script_job}-", "sleep")
         adopt = ("from jupyter_gpujobs.client import GPUJobsClient as C, GPUJobsError; import json, sys; c = C(); "
                  "out = []\n"
                  "for pid in sys.argv[2:]:\n"

@@ -174,6 +174,7 @@ class JobService:
         self._adopted: dict[int, dict[str, Any]] = {}
         self._ending: dict[int, tuple[JobState, str, str]] = {}
         self._empty_since: dict[int, float] = {}
+        self._orphan_idle: dict[int, tuple[float, float | None]] = {}  # job id -> (checked, idle since)
         self._plan = Plan()
         self._plan_at = 0.0
         self._waiting: list[int] = []  # pending job ids in queue order, after the last plan's starts
@@ -928,6 +929,7 @@ class JobService:
             return {"confined": False, "isolation": f"not confined: {err.strerror or err}"}
         if new is None:
             return {"confined": False, "isolation": self.isolation}
+        new["launcher"] = _process_key(launcher)  # whose death leaves the kernel to the engine
         if handle != new:
             self.store.update_job(job.id, runner_handle=new)
             self._adopted[job.id] = new
@@ -946,6 +948,34 @@ class JobService:
             return job
         return self._set_state(job.id, state, actor, reason, expect=(JobState.RUNNING,)) or self.get(job.id)
 
+    #: Utilization (percent) under which the GPUs of an orphaned kernel count as unused.
+    IDLE_GPU_THRESHOLD = 5.0
+
+    def _reclaim_orphan(self, job_id: int, handle: dict[str, Any], now: float) -> None:
+        """Idle reclaim for a confined kernel whose Jupyter server is gone (nobody else can):
+        its `idle_timeout` (from the provisioner) counts while its GPUs are unused. Checked
+        once a second; the GPUs' utilization is the inventory's."""
+        job = self._running.get(job_id)
+        idle_timeout = (job.payload or {}).get("idle_timeout") if job is not None else None
+        if job is None or not isinstance(idle_timeout, (int, float)) or idle_timeout <= 0:
+            return
+        checked, idle_since = self._orphan_idle.get(job_id, (0.0, None))
+        if now - checked < 1.0:
+            return
+        if _process_alive(handle.get("launcher")):
+            self._orphan_idle.pop(job_id, None)
+            return
+        used = max((g.utilization for g in self.inventory
+                    if g.index in job.assigned_gpus and g.host in (None, job.host)), default=0.0)
+        if used >= self.IDLE_GPU_THRESHOLD:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        self._orphan_idle[job_id] = (now, idle_since)
+        if idle_since is not None and now - idle_since >= idle_timeout:
+            self._end_external(job, JobState.CANCELLED, "engine",
+                               f"idle for {format_duration(idle_timeout)} after its Jupyter server was gone")
+
     #: An adopted kernel with no process left for this long has ended (its Jupyter server is
     #: gone, or it would have said so); a restart of the kernel takes far less.
     KERNEL_GONE_S = 30.0
@@ -960,6 +990,7 @@ class JobService:
                 continue
             if self.runner.adopted_alive(handle):
                 self._empty_since.pop(job_id, None)
+                self._reclaim_orphan(job_id, handle, now)
                 continue
             since = self._empty_since.setdefault(job_id, now)
             if now - since >= self.KERNEL_GONE_S:
@@ -1204,6 +1235,7 @@ class JobService:
             self._unrecorded.pop(job_id, None)
             self._ending.pop(job_id, None)
             self._empty_since.pop(job_id, None)
+            self._orphan_idle.pop(job_id, None)
             adopted = self._adopted.pop(job_id, None)
             if adopted is not None:
                 self.runner.release_adopted(adopted)
@@ -1562,6 +1594,25 @@ def _owner_uid(user: str, mode: str) -> int:
     name = run_as(user, mode)
     entry = lookup(name) if name else None
     return entry.pw_uid if entry is not None else os.geteuid()
+
+
+def _process_key(pid: int) -> list[float]:
+    """[pid, start time]: names a process so that a recycled pid is not taken for it."""
+    try:
+        return [pid, psutil.Process(pid).create_time()]
+    except psutil.Error:
+        return [pid, 0.0]
+
+
+def _process_alive(key: Any) -> bool:
+    """Is the process `_process_key` named still running (True when unknown)?"""
+    if not isinstance(key, list) or len(key) != 2:
+        return True
+    try:
+        proc = psutil.Process(int(key[0]))
+        return abs(proc.create_time() - float(key[1])) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _process_tree(pid: int, uid: int, launcher: int) -> list[tuple[int, str]]:

@@ -272,7 +272,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 command, **extra, kind="kernel", name=f"kernel {name}".strip(), gpus=settings["gpus"],
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
                 priority=settings["priority"],
-                payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid()},
+                payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid(),
+                         # the engine reclaims an idle kernel whose server is gone
+                         "idle_timeout": settings["idle_timeout"]},
             )
         except GPUJobsError as err:
             field = f" ({err.field})" if err.field and not err.message.startswith(err.field) else ""
