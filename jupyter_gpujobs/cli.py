@@ -5,6 +5,7 @@
     jupyter gpujobs run-notebook NB.ipynb -g 1 -t 2h -p alpha=0.1
     jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 --time 4h
     jupyter gpujobs usage --since 30d --by group | usage --heatmap | findings
+    jupyter gpujobs notify --email alice@example.org --webhook https://... --events ended,failed
     jupyter gpujobs doctor
 
 Errors are one line on stderr and a non-zero exit (2 for a wrong command line, 1 for an
@@ -221,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "--kind reservation_proposal)")
     rs.add_argument("--json", action="store_true")
 
+    nt = sub.add_parser("notify", help="be told of your jobs outside Lab: e-mail or a webhook (Slack, Mattermost) "
+                        "when they start, end, fail or near their time limit")
+    notify_options(nt)
+    nt.add_argument("--json", action="store_true")
+
     us = sub.add_parser("usage", help="GPU-hours by user, group or GPU model (--heatmap: utilization by "
                         "weekday and hour)")
     us.add_argument("--since", default="7d", help="start: a date (2026-03-01), epoch seconds or a duration "
@@ -260,6 +266,62 @@ def build_parser() -> argparse.ArgumentParser:
                         "lab extension, GPU kernels, and what to do about each problem")
     dr.add_argument("--json", action="store_true")
     return p
+
+
+def notify_options(p: Any) -> None:
+    """The options of `jupyter gpujobs notify` and `%gpujobs notify` (argparse or IPython's)."""
+    p.add_argument("--email", help="mail this address")
+    p.add_argument("--webhook", help="post to this Slack/Mattermost-compatible incoming webhook URL")
+    p.add_argument("--events", help="what to be told, comma-separated: started, ended, failed, warning "
+                                    "(nears its time limit), finding (default: all)")
+    p.add_argument("--no-email", action="store_true", help="stop mailing")
+    p.add_argument("--no-webhook", action="store_true", help="stop posting to the webhook")
+    p.add_argument("--off", action="store_true", help="turn notifications off")
+    p.add_argument("--test", action="store_true", help="send a test message now")
+
+
+def notify_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser of `%gpujobs notify` (a wrong line raises UsageError)."""
+    p = _Parser(prog=prog, add_help=False)
+    notify_options(p)
+    return p
+
+
+def notify(client: GPUJobsClient, args: Any) -> dict[str, Any]:
+    """Carry out `notify` options through the client; returns the settings after them."""
+    if args.off:
+        settings = client.clear_notifications()
+    else:
+        changes: dict[str, Any] = {}
+        if args.email is not None or args.no_email:
+            changes["email"] = None if args.no_email else args.email
+        if args.webhook is not None or args.no_webhook:
+            changes["webhook"] = None if args.no_webhook else args.webhook
+        if args.events is not None:
+            changes["events"] = [e.strip() for e in args.events.split(",") if e.strip()]
+        settings = client.set_notifications(**changes) if changes else client.notifications()
+    if args.test:
+        settings["test"] = client.test_notifications()["queued"]
+    return settings
+
+
+def format_notifications(n: dict[str, Any]) -> str:
+    """A user's notification settings in words."""
+    if not n.get("email") and not n.get("webhook"):
+        lines = ["notifications: off (set --email ADDRESS or --webhook URL)"]
+    else:
+        lines = [f"notifications on {', '.join(n['events']) or 'nothing'} to:"]
+        if n.get("email"):
+            lines.append(f"  e-mail   {safe_text(n['email'])}")
+        if n.get("webhook"):
+            lines.append(f"  webhook  {safe_text(n['webhook'])}")
+    if not n.get("email_available"):
+        lines.append("(this engine sends no e-mail: it has no mail server; webhooks work)")
+    if n.get("webhook_hosts"):
+        lines.append(f"(webhooks may post to {', '.join(n['webhook_hosts'])} only)")
+    if n.get("test"):
+        lines.append(f"test message sent to: {', '.join(n['test'])}")
+    return "\n".join(lines)
 
 
 def _client(args: argparse.Namespace) -> GPUJobsClient:
@@ -410,6 +472,9 @@ def run(argv: Sequence[str]) -> int:
         return _quota(client, args)
     elif args.cmd == "reserve":
         return _reserve(client, args)
+    elif args.cmd == "notify":
+        settings = notify(client, args)
+        print(json.dumps(settings, indent=2) if args.json else format_notifications(settings))
     elif args.cmd in ("usage", "findings"):
         return _monitor_command(client, args)
     return 0

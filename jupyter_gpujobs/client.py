@@ -33,6 +33,7 @@ SHARED_SOCKET = "/run/jupyter-gpujobs/engine.sock"
 _UNIX = "unix://"
 _UNIX_BASE = "http://gpujobs-engine/"  # the URL a request over the socket names (any host will do)
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST")
+_KEEP: Any = object()  # (an argument not given: the engine keeps what it has)
 
 
 class GPUJobsError(RuntimeError):
@@ -292,6 +293,25 @@ class _Calls:
 
     def delete_reservation(self, reservation_id: int) -> Any:
         return self._call("DELETE", f"reservations/{reservation_id}")
+
+    # --- notifications outside Lab (e-mail, webhook)
+    def notifications(self) -> Any:
+        """Your notification settings: `{"email", "webhook", "events", "email_available", "kinds", ...}`."""
+        return self._call("GET", "notifications")
+
+    def set_notifications(self, *, email: Any = _KEEP, webhook: Any = _KEEP, events: Any = _KEEP) -> Any:
+        """Set your notifications; what is not given keeps its value, None clears an address.
+        `events`: some of started, ended, failed, warning, finding. Returns the settings."""
+        body = {k: v for k, v in (("email", email), ("webhook", webhook), ("events", events)) if v is not _KEEP}
+        return self._call("PUT", "notifications", body=body)
+
+    def clear_notifications(self) -> Any:
+        """Turn your notifications off."""
+        return self._call("DELETE", "notifications")
+
+    def test_notifications(self) -> Any:
+        """Send a test message to your addresses now: `{"queued": ["email", "webhook"]}`."""
+        return self._call("POST", "notifications/test")
 
     # --- other engine views
     def openapi(self) -> Any:

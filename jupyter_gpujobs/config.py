@@ -305,6 +305,38 @@ class GPUJobs(Configurable):
     predict_min_confidence = Float(0.6, config=True,
                                    help="Runtime predictions at least this confident set Job.predicted_runtime_s "
                                         "(used by backfill when use_predictions is on).")
+    # notifications outside Lab (engine/notify.py; docs/notifications.md)
+    notify_smtp_host = Unicode("", config=True,
+                               help="Mail server for e-mail notifications; empty: no e-mail (webhooks only).")
+    notify_smtp_port = Integer(0, config=True, help="Its port; 0: 25, or 465 with notify_smtp_security='ssl'.")
+    notify_smtp_security = Enum(["none", "starttls", "ssl"], default_value="none", config=True,
+                                help="'starttls' (upgrade a plain connection, usually port 587), 'ssl' (TLS "
+                                     "from the start, usually 465) or 'none' (a local relay).")
+    notify_smtp_from = Unicode("", config=True, help="Sender address; empty: gpujobs@<this host's name>.")
+    notify_smtp_user = Unicode("", config=True, help="User to log in to the mail server as; empty: no login.")
+    notify_smtp_password_env = Unicode("", config=True,
+                                       help="Name of the environment variable that holds the mail password "
+                                            "(never written in a config file, never logged).")
+    notify_smtp_password_file = Unicode("", config=True,
+                                        help="File whose first line is the mail password (readable by the "
+                                             "engine only), if not notify_smtp_password_env.")
+    notify_webhook_hosts = List(Unicode(), config=True,
+                                help="Hosts users' webhooks may post to, e.g. ['hooks.slack.com', "
+                                     "'chat.example.org'] ('*.example.org': its subdomains); empty: any. A "
+                                     "webhook URL is the user's choice: restrict it where the engine can reach "
+                                     "internal services its users cannot.")
+    notify_email_domains = List(Unicode(), config=True,
+                                help="Mail domains users' notification addresses may be in, e.g. "
+                                     "['example.org']; empty: any.")
+    notify_admin_emails = List(Unicode(), config=True,
+                               help="Addresses the monitor's findings (OOM, repeated failures, idle hogs, "
+                                    "GPU errors, rogue processes) are mailed to.")
+    notify_admin_webhooks = List(Unicode(), config=True,
+                                 help="Webhooks (Slack/Mattermost incoming webhooks) the findings are posted to.")
+    notify_timeout = Float(10.0, config=True, help="Seconds one delivery (mail or webhook) may take.")
+    notify_retries = Integer(5, config=True,
+                             help="Tries after the first for a message a destination did not take (backoff "
+                                  "doubling from 2 s, at most 5 min).")
 
     @validate("fake_gpus")
     def _check_fake(self, proposal: Any) -> str:
@@ -420,6 +452,34 @@ class GPUJobs(Configurable):
         if proposal["value"] not in runner_names():
             raise TraitError(f"c.GPUJobs.runner: no runner named {proposal['value']!r}; "
                              f"there are {', '.join(runner_names())}")
+        return proposal["value"]
+
+    @validate("notify_admin_emails", "notify_admin_webhooks", "notify_webhook_hosts", "notify_email_domains")
+    def _check_notify_lists(self, proposal: Any) -> Any:
+        from .engine.notify import validate_email, validate_webhook
+
+        name = proposal["trait"].name
+        values = string_list(proposal["value"], f"c.GPUJobs.{name}")
+        check = {"notify_admin_emails": validate_email, "notify_admin_webhooks": validate_webhook}.get(name)
+        for value in values if check else ():
+            try:
+                check(value, name)
+            except InvalidInput as err:
+                raise TraitError(f"c.GPUJobs.{name}: {err.message}") from None
+        return values
+
+    @validate("notify_smtp_port", "notify_retries")
+    def _check_notify_counts(self, proposal: Any) -> Any:
+        high = 65535 if proposal["trait"].name == "notify_smtp_port" else 100
+        if not 0 <= proposal["value"] <= high:
+            raise TraitError(f"c.GPUJobs.{proposal['trait'].name}: must be between 0 and {high}, "
+                             f"got {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("notify_timeout")
+    def _check_notify_timeout(self, proposal: Any) -> Any:
+        if not 0 < proposal["value"] <= 300:
+            raise TraitError(f"c.GPUJobs.notify_timeout: must be between 0 and 300 seconds, got {proposal['value']!r}")
         return proposal["value"]
 
     @validate("user_identity")

@@ -1,7 +1,7 @@
 """Building an engine from `c.GPUJobs` settings, and the shared engine `jupyter gpujobs engine`.
 
-`build_engine` makes the store, GPU backend, machine-wide GPU claim, runner, JobService and
-monitor; the Jupyter extension (embedded engine) and `EngineApp` (shared engine) both call it,
+`build_engine` makes the store, GPU backend, machine-wide GPU claim, runner, JobService,
+notifier and monitor; the Jupyter extension (embedded engine) and `EngineApp` (shared engine) both call it,
 and both mount the same handlers (`api/handlers.py`, `api/monitor.py`) with `engine_settings`.
 
 The shared engine is a small tornado application, not a full Jupyter server: it serves the
@@ -97,7 +97,9 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         foreign_memory_threshold_mb=None if claim is None else cfg.foreign_memory_threshold,
     )
     from .monitor import Monitor, MonitorSettings
+    from .notify import Notifier, NotifySettings
 
+    service.notifier = Notifier(service, NotifySettings.from_config(cfg), log)
     monitor = Monitor(service, MonitorSettings.from_config(cfg), log)
     monitor.install()  # drained GPUs show as draining in the engine's inventory
     return service, monitor
@@ -135,6 +137,8 @@ def _jobs_run_as(service: JobService) -> str:
 
 async def start_engine(service: JobService, monitor: Monitor) -> None:
     """Start the engine's loops (once the event loop runs)."""
+    if service.notifier is not None:  # first: jobs that ended while the engine was down are told too
+        await service.notifier.start()
     await service.start()
     await monitor.start()
 
@@ -142,6 +146,8 @@ async def start_engine(service: JobService, monitor: Monitor) -> None:
 async def stop_engine(service: JobService, monitor: Monitor) -> None:
     await monitor.stop()
     await service.stop()
+    if service.notifier is not None:
+        await service.notifier.stop()
     service.store.close()
     claim = service.gpu_claim
     if claim is not None and claim.held:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -56,6 +56,9 @@ from .scheduler.quotas import Quotas
 from .scheduler.reservations import gpus_text, occurrence_at, occurrences
 from .scheduler.shares import gpu_bytes
 from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
+
+if TYPE_CHECKING:
+    from .notify import Notifier
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -227,6 +230,8 @@ class JobService:
         os.chmod(self.state_dir / "logs", 0o700)
         # a runner that schedules itself (Slurm): the engine mirrors it instead of scheduling
         self.mirror: Any = None
+        # e-mail and webhook notifications of job events (notify.py; set by app.build_engine)
+        self.notifier: Notifier | None = None
         if runner.schedules_itself:
             from .mirror import Mirror
 

@@ -451,6 +451,9 @@ class GPUJobMagics(Magics):
         %gpujobs job ID                           one job (a live widget with a cancel button)
         %gpujobs cancel ID [ID ...]               cancel jobs
         %gpujobs log ID                           a job's output so far
+        %gpujobs notify [--email A] [--webhook URL] [--events started,ended,failed,warning,finding]
+                        [--no-email] [--no-webhook] [--off] [--test]
+                                                  be told of your jobs outside Lab (e-mail, Slack, ...)
         %gpujobs run NOTEBOOK [-p NAME=VALUE ...] [-g N] [-t TIME] [--kernel K] [--output PATH] ...
                                                   queue a whole notebook (see %gpujobs run -h)
         """
@@ -465,7 +468,7 @@ class GPUJobMagics(Magics):
         handler = getattr(self, f"_gpujobs_{cmd}", None)
         if handler is None:
             raise UsageError(f"%gpujobs: unknown command {cmd!r}; use list, queue, gpus, quota, job, cancel, "
-                             "log or run")
+                             "log, notify or run")
         if ("-h" in words[1:] or "--help" in words[1:]) and hasattr(handler, "parser"):
             print(handler.parser.format_help())
             return None
@@ -517,6 +520,15 @@ class GPUJobMagics(Magics):
                 break
             offset = chunk["offset"]
         sys.stdout.flush()
+
+    def _gpujobs_notify(self, rest: str) -> None:
+        from .. import cli
+
+        try:
+            args = cli.notify_parser("%gpujobs notify").parse_args(shlex.split(rest))
+        except cli.UsageError as err:
+            raise UsageError(str(err)) from None
+        print(cli.format_notifications(cli.notify(self.client, args)))
 
     @magic_arguments()
     @_job_arguments

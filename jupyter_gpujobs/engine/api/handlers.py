@@ -25,6 +25,7 @@ from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..monitor import may_see
+from ..notify import Notifier
 from ..service import Conflict, JobService, NotFound, PermissionDenied, StoreUnavailable
 from .identity import peer_pid
 
@@ -475,6 +476,52 @@ class ReservationHandler(GPUJobsHandler):
         self.reply({"id": int(reservation_id), "deleted": True})
 
 
+def _notifier(service: JobService) -> Notifier:
+    if service.notifier is None:
+        raise ApiError(404, None, "this engine sends no notifications")
+    return service.notifier
+
+
+class NotificationsHandler(GPUJobsHandler):
+    """`GET/PUT/DELETE notifications`: the caller's own e-mail and webhook notifications."""
+
+    @property
+    def notifier(self) -> Notifier:
+        return _notifier(self.service)
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(self.notifier.settings_for(self.owner))
+
+    @web.authenticated
+    @authorized
+    async def put(self) -> None:
+        """`{"email": "...", "webhook": "https://...", "events": ["ended", ...]}` (any of them;
+        null clears an address)."""
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", "expected a JSON object")
+        self.reply(self.notifier.set_settings(self.owner, body))
+
+    @web.authenticated
+    @authorized
+    async def delete(self) -> None:
+        self.reply(self.notifier.set_settings(self.owner, {"email": None, "webhook": None}))
+
+
+class NotificationsTestHandler(GPUJobsHandler):
+    """`POST notifications/test`: send a test message to the caller's destinations now."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        channels = _notifier(self.service).send_test(self.owner)
+        if not channels:
+            raise Conflict(None, "you have no notifications set (PUT notifications with an email or webhook)")
+        self.reply({"queued": channels})
+
+
 class OpenAPIHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
@@ -563,6 +610,8 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/quota/?", QuotaHandler),
     (rf"/{API}/reservations/?", ReservationsHandler),
     (rf"/{API}/reservations/(?P<reservation_id>[^/]+)/?", ReservationHandler),
+    (rf"/{API}/notifications/test/?", NotificationsTestHandler),
+    (rf"/{API}/notifications/?", NotificationsHandler),
     (rf"/{API}/whoami/?", WhoAmIHandler),
     (rf"/{API}/info/?", InfoHandler),
     (rf"/{API}/events/?", EventsHandler),

@@ -164,6 +164,19 @@ class ReservationRow(Base):
     source: Mapped[str] = mapped_column(String(64), default="")
 
 
+class NotificationRow(Base):
+    """A user's notification settings (revision 0007): where the engine tells them about their
+    jobs outside Lab (engine/notify.py). Only the user sets their own; no row: none wanted."""
+
+    __tablename__ = "notifications"
+
+    user: Mapped[str] = mapped_column(String(128), primary_key=True)
+    email: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    webhook: Mapped[str | None] = mapped_column(Text, nullable=True)
+    events: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 # --------------------------------------------------------------------------- monitoring
 # (revision 0002; read and written by store/monitoring.py for jupyter_gpujobs/monitor/)
 

@@ -1,0 +1,608 @@
+"""Notifications outside Lab: e-mail (SMTP) and webhooks (Slack/Mattermost `{"text": ...}`)
+when a job starts, ends, fails or nears its time limit, and the monitor's findings to admins.
+
+The `Notifier` listens to the engine's events (`JobService.subscribe`) and decides who gets
+what: a job's owner, at the addresses they set (`GET/PUT notifications`, only their own; their
+settings are stored in the `notifications` table), about their own jobs and the findings
+about them; admins, at the configured addresses (`c.GPUJobs.notify_admin_*`), every finding.
+Each message goes to a bounded queue that worker tasks drain, so the engine's loop never
+waits on a mail server or a webhook: mail is sent by smtplib in a thread of the notifier's
+own, webhooks by tornado's HTTP client, each within `notify_timeout`. One destination (a
+mail server, a webhook's host) takes one message at a time; one that fails is retried with
+backoff while its messages wait, and its trouble is logged once per interval, not per
+message. Each job event makes at most one message per destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import smtplib
+import socket
+import ssl
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from ..model import InvalidInput, format_duration
+
+if TYPE_CHECKING:
+    from .service import JobService
+
+log = logging.getLogger("jupyter_gpujobs")
+
+#: What a user may be told about: their job started, ended (completed or was cancelled),
+#: failed (failed, ran out of time, was lost), nears its time limit; a finding about them.
+KINDS = ("started", "ended", "failed", "warning", "finding")
+DEFAULT_KINDS = ("started", "ended", "failed", "warning", "finding")
+_EVENT_KIND = {"RUNNING": "started", "WARNING": "warning", "COMPLETED": "ended", "CANCELLED": "ended",
+               "FAILED": "failed", "TIMEOUT": "failed", "LOST": "failed"}
+_VERB = {"RUNNING": "started", "WARNING": "nears its time limit", "COMPLETED": "completed",
+         "CANCELLED": "was cancelled", "FAILED": "failed", "TIMEOUT": "reached its time limit",
+         "LOST": "was lost"}
+
+_EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
+                    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def validate_email(value: Any, field_name: str = "email") -> str:
+    """An e-mail address (`user@host.domain`, no name part), or InvalidInput naming the field."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field_name, "expected an e-mail address such as alice@example.org")
+    text = value.strip()
+    if len(text) > 254 or not _EMAIL.fullmatch(text):
+        raise InvalidInput(field_name, f"not an e-mail address: {text[:80]!r}; expected one such as "
+                                       "alice@example.org")
+    return text
+
+
+def validate_webhook(value: Any, field_name: str = "webhook") -> str:
+    """A webhook URL (http or https, a host, no user or password in it), or InvalidInput."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field_name, "expected a webhook URL such as https://hooks.slack.com/services/...")
+    text = value.strip()
+    if len(text) > 2000:
+        raise InvalidInput(field_name, "longer than 2000 characters")
+    if _CONTROL.search(text) or " " in text:
+        raise InvalidInput(field_name, "a URL holds no spaces or control characters")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:
+        raise InvalidInput(field_name, f"not a URL: {err}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidInput(field_name, f"only http and https webhooks are allowed, not {parts.scheme or 'no scheme'!r}")
+    if not parts.hostname:
+        raise InvalidInput(field_name, "the URL names no host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidInput(field_name, "a webhook URL may not hold a user name or password")
+    del port
+    return text
+
+
+def host_allowed(host: str, allowed: Iterable[str]) -> bool:
+    """Whether `host` is in an allow-list of host names (`*.example.org`: its subdomains); an
+    empty list allows any."""
+    patterns = [a.strip().lower().rstrip(".") for a in allowed if a.strip()]
+    if not patterns:
+        return True
+    host = host.lower().rstrip(".")
+    for p in patterns:
+        if p.startswith("*.") and host.endswith(p[1:]):
+            return True
+        if host == p:
+            return True
+    return False
+
+
+def _smtp_password(cfg: Any) -> str:
+    if cfg.notify_smtp_password_env:
+        return os.environ.get(cfg.notify_smtp_password_env, "")
+    if cfg.notify_smtp_password_file:
+        try:
+            with open(cfg.notify_smtp_password_file, encoding="utf-8") as f:
+                return f.readline().rstrip("\r\n")
+        except OSError as err:
+            raise SystemExit(f"c.GPUJobs.notify_smtp_password_file: cannot read it: {err.strerror}") from None
+    return ""
+
+
+@dataclass(frozen=True)
+class NotifySettings:
+    """What the notifier is told (the c.GPUJobs.notify_* traitlets, see config.py)."""
+
+    smtp_host: str = ""
+    smtp_port: int = 25
+    smtp_security: str = "none"  # "none" | "starttls" | "ssl"
+    smtp_from: str = ""
+    smtp_user: str = ""
+    smtp_password: str = field(default="", repr=False)
+    webhook_hosts: tuple[str, ...] = ()
+    email_domains: tuple[str, ...] = ()
+    admin_emails: tuple[str, ...] = ()
+    admin_webhooks: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    retries: int = 5
+    retry_base_s: float = 2.0
+    retry_max_s: float = 300.0
+    log_interval_s: float = 300.0  # a failing destination is logged once per this
+    queue_size: int = 1000
+    workers: int = 4
+    server: str = ""  # this machine's name, in the messages
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> NotifySettings:
+        security = cfg.notify_smtp_security
+        port = cfg.notify_smtp_port or (465 if security == "ssl" else 25)
+        server = socket.gethostname()
+        return cls(
+            smtp_host=cfg.notify_smtp_host, smtp_port=port, smtp_security=security,
+            smtp_from=cfg.notify_smtp_from or f"gpujobs@{server}", smtp_user=cfg.notify_smtp_user,
+            smtp_password=_smtp_password(cfg), webhook_hosts=tuple(cfg.notify_webhook_hosts),
+            email_domains=tuple(cfg.notify_email_domains), admin_emails=tuple(cfg.notify_admin_emails),
+            admin_webhooks=tuple(cfg.notify_admin_webhooks), timeout_s=cfg.notify_timeout,
+            retries=cfg.notify_retries, server=server)
+
+
+@dataclass
+class Delivery:
+    """One message to one destination."""
+
+    key: str  # the event it tells of: one message per event and destination
+    channel: str  # "email" | "webhook"
+    to: str
+    subject: str
+    text: str
+    tries: int = 0
+
+    @property
+    def destination(self) -> str:
+        """What takes it, as the log names it (a mail server, a webhook's host: never a
+        webhook's path, which often holds its secret)."""
+        if self.channel == "email":
+            return "mail server"
+        return f"webhook host {urlsplit(self.to).hostname}"
+
+
+class Permanent(Exception):
+    """A destination refused a message for good (bad address, 4xx): no retry."""
+
+
+@dataclass
+class _Destination:
+    busy: bool = False
+    failures: int = 0
+    down_until: float = 0.0
+    waiting: deque[Delivery] = field(default_factory=deque)
+    timer: asyncio.TimerHandle | None = None
+    logged_at: float = -float("inf")
+    dropped: int = 0
+
+
+class Notifier:
+    """Who is told what, and the delivery of it, for one JobService."""
+
+    def __init__(self, service: JobService, settings: NotifySettings | None = None,
+                 logger: logging.Logger | None = None):
+        self.service = service
+        self.settings = settings or NotifySettings()
+        self.log = logger or log
+        self.users: dict[str, dict[str, Any]] = {}  # user -> {"email", "webhook", "events", "updated_at"}
+        self.sent = 0
+        self.failed = 0
+        self.dropped = 0
+        self._queue: asyncio.Queue[Delivery] | None = None
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._destinations: dict[str, _Destination] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._unsubscribe: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._http: Any = None
+        self._full_logged_at = -float("inf")
+
+    # ================================================================= life cycle
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        from .store.notifications import load_settings
+
+        try:
+            self.users = load_settings(self.service.store)
+        except Exception:
+            self.log.exception("gpujobs: reading users' notification settings failed")
+        if self.settings.admin_emails and not self.email_available:
+            self.log.warning("gpujobs: c.GPUJobs.notify_admin_emails is set but no mail server "
+                             "(c.GPUJobs.notify_smtp_host): findings are not mailed")
+        self._queue = asyncio.Queue(self.settings.queue_size)
+        self._tasks = [asyncio.ensure_future(self._work()) for _ in range(self.settings.workers)]
+        self._unsubscribe = self.service.subscribe(self._on_message)
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        for dest in self._destinations.values():
+            if dest.timer is not None:
+                dest.timer.cancel()
+        self._destinations = {}
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    # ================================================================= users' settings
+
+    @property
+    def email_available(self) -> bool:
+        return bool(self.settings.smtp_host)
+
+    def settings_for(self, user: str) -> dict[str, Any]:
+        """A user's settings as `GET notifications` shows them, with what this engine offers."""
+        mine = self.users.get(user) or {}
+        return {
+            "user": user,
+            "email": mine.get("email"),
+            "webhook": mine.get("webhook"),
+            "events": list(mine.get("events", DEFAULT_KINDS)),
+            "updated_at": mine.get("updated_at"),
+            "email_available": self.email_available,
+            "kinds": list(KINDS),
+            "webhook_hosts": list(self.settings.webhook_hosts),
+        }
+
+    def set_settings(self, user: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A user sets their own settings: `email`, `webhook` (null clears one) and `events`
+        (kinds, see KINDS); fields left out keep their value. Stored first, so they outlive
+        restarts. InvalidInput names a bad field."""
+        from .service import Conflict
+        from .store.notifications import save_settings
+
+        unknown = sorted(set(body) - {"email", "webhook", "events"})
+        if unknown:
+            raise InvalidInput(unknown[0], "unknown field; expected email, webhook, events")
+        current = self.users.get(user) or {}
+        new = {"email": current.get("email"), "webhook": current.get("webhook"),
+               "events": list(current.get("events", DEFAULT_KINDS))}
+        if "email" in body:
+            new["email"] = None if body["email"] in (None, "") else self.check_email(body["email"])
+            if new["email"] is not None and not self.email_available:
+                raise Conflict("email", "this engine sends no e-mail (no mail server is set: "
+                                        "c.GPUJobs.notify_smtp_host); use a webhook")
+        if "webhook" in body:
+            new["webhook"] = None if body["webhook"] in (None, "") else self.check_webhook(body["webhook"])
+        if "events" in body:
+            events = body["events"]
+            if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+                raise InvalidInput("events", f"expected a list of kinds, some of {', '.join(KINDS)}")
+            bad = [e for e in events if e not in KINDS]
+            if bad:
+                raise InvalidInput("events", f"unknown kind {bad[0][:40]!r}; kinds are {', '.join(KINDS)}")
+            new["events"] = [k for k in KINDS if k in events]
+        now = time.time()
+        if new["email"] is None and new["webhook"] is None:
+            save_settings(self.service.store, user, None, now)
+            self.users.pop(user, None)
+        else:
+            save_settings(self.service.store, user, new, now)
+            self.users[user] = {**new, "updated_at": now}
+        self.log.info("gpujobs: %s set their notifications: %s", user, self._describe(self.users.get(user)))
+        return self.settings_for(user)
+
+    def check_email(self, value: Any) -> str:
+        address = validate_email(value)
+        domains = [d.lower() for d in self.settings.email_domains]
+        if domains and address.rsplit("@", 1)[1].lower() not in domains:
+            raise InvalidInput("email", f"this engine mails only addresses in {', '.join(domains)} "
+                                        "(c.GPUJobs.notify_email_domains)")
+        return address
+
+    def check_webhook(self, value: Any) -> str:
+        url = validate_webhook(value)
+        host = urlsplit(url).hostname or ""
+        if not host_allowed(host, self.settings.webhook_hosts):
+            raise InvalidInput("webhook", f"webhooks may post only to {', '.join(self.settings.webhook_hosts)} "
+                                          f"here (c.GPUJobs.notify_webhook_hosts), not to {host!r}")
+        return url
+
+    @staticmethod
+    def _describe(settings: dict[str, Any] | None) -> str:
+        """Settings for the log: where to (a webhook by its host only), and what."""
+        if not settings:
+            return "none"
+        where = []
+        if settings.get("email"):
+            where.append("e-mail")
+        if settings.get("webhook"):
+            where.append(f"webhook to {urlsplit(settings['webhook']).hostname}")
+        return f"{' and '.join(where)} on {', '.join(settings.get('events') or []) or 'nothing'}"
+
+    def send_test(self, user: str) -> list[str]:
+        """Queue a test message to the user's destinations now; returns their channels."""
+        mine = self.users.get(user) or {}
+        text = (f"This is a test of your jupyter-gpujobs notifications on {self.settings.server}: "
+                "messages about your jobs will look like this.")
+        key = f"test:{user}:{time.time()}"
+        return [d.channel for d in self._to_user(user, mine, key, "[gpujobs] test notification", text)
+                if self._enqueue(d)]
+
+    # ================================================================= who is told what
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """An engine event (on the engine's loop: only decides and queues, never waits)."""
+        try:
+            if message.get("type") == "job":
+                self._on_job(message)
+            elif message.get("type") == "finding":
+                self._on_finding(message.get("finding") or {})
+        except Exception:
+            self.log.exception("gpujobs: preparing a notification failed")
+
+    def _on_job(self, message: dict[str, Any]) -> None:
+        job, event = message.get("job") or {}, message.get("event") or {}
+        state = event.get("state")
+        kind = _EVENT_KIND.get(state or "")
+        if kind is None or (state in ("RUNNING", "WARNING") and job.get("state") != "RUNNING"):
+            return  # (a start or warning published after the job ended tells nothing)
+        owner = job.get("user")
+        mine = self.users.get(owner or "")
+        if not mine or kind not in mine.get("events", ()):
+            return
+        # one message per event: a start per run (a requeued job starts again), one end
+        run = job.get("started_at") or event.get("time")
+        key = f"job:{job.get('id')}:{state}:{run}" if state in ("RUNNING", "WARNING") else f"job:{job.get('id')}:end"
+        subject, text = self._job_text(job, event)
+        for d in self._to_user(owner, mine, key, subject, text):
+            self._enqueue(d)
+
+    def _job_text(self, job: dict[str, Any], event: dict[str, Any]) -> tuple[str, str]:
+        state = event.get("state") or job.get("state") or ""
+        name = _plain(job.get("name") or "")
+        title = f"job {job.get('id')}" + (f" ({name})" if name else "")
+        subject = f"[gpujobs] {title} {_VERB.get(state, state.lower())}"
+        lines = [f"Your {title} {_VERB.get(state, state.lower())} on {self.settings.server}."]
+        reason = _plain(event.get("reason") or "")
+        if reason:
+            lines.append(f"Reason: {reason}")
+        if state in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "LOST"):
+            started, ended = job.get("started_at"), job.get("ended_at")
+            if started and ended:
+                lines.append(f"Ran for {format_duration(max(0.0, ended - started))}.")
+            if job.get("exit_code") is not None:
+                lines.append(f"Exit code: {job['exit_code']}")
+        gpus = job.get("assigned_gpus") or []
+        if gpus and state in ("RUNNING", "WARNING"):
+            lines.append(f"GPUs: {', '.join(str(g) for g in gpus)}" + (f" on {job['host']}" if job.get("host") else ""))
+        return subject, "\n".join(lines)
+
+    def _on_finding(self, finding: dict[str, Any]) -> None:
+        from .monitor import may_see
+
+        if not finding.get("open") or finding.get("id") is None:
+            return  # told when it opens, not when it closes
+        key = f"finding:{finding['id']}"
+        message = _plain(finding.get("message") or "")
+        subject = f"[gpujobs] {finding.get('severity', 'warning')}: {message[:120]}"
+        text = f"{message}\n\n({finding.get('kind')} on {self.settings.server}; see `jupyter gpujobs findings`)"
+        s = self.settings
+        for address in s.admin_emails if self.email_available else ():
+            self._enqueue(Delivery(key, "email", address, subject, text))
+        for url in s.admin_webhooks:
+            self._enqueue(Delivery(key, "webhook", url, subject, text))
+        for user, mine in list(self.users.items()):
+            if "finding" in mine.get("events", ()) and may_see(finding, user, False):
+                for d in self._to_user(user, mine, key, subject, text):
+                    self._enqueue(d)
+
+    def _to_user(self, user: str, mine: dict[str, Any], key: str, subject: str, text: str) -> list[Delivery]:
+        out = []
+        if mine.get("email") and self.email_available:
+            out.append(Delivery(key, "email", mine["email"], subject, text))
+        if mine.get("webhook"):
+            out.append(Delivery(key, "webhook", mine["webhook"], subject, text))
+        return out
+
+    # ================================================================= delivery
+
+    def _enqueue(self, d: Delivery) -> bool:
+        """Queue a message once (per event and destination); never waits: a full queue drops it."""
+        seen = (d.key, d.channel, d.to)
+        if seen in self._seen:
+            return False
+        self._seen[seen] = None
+        if len(self._seen) > 20_000:
+            self._seen.popitem(last=False)
+        if self._queue is None:
+            return False
+        try:
+            self._queue.put_nowait(d)
+            return True
+        except asyncio.QueueFull:
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._full_logged_at >= self.settings.log_interval_s:
+                self._full_logged_at = now
+                self.log.warning("gpujobs: %d notification(s) wait to be sent; new ones are dropped "
+                                 "(%d so far; logged once per %s)", self._queue.qsize(), self.dropped,
+                                 format_duration(self.settings.log_interval_s))
+            return False
+
+    def _destination(self, d: Delivery) -> _Destination:
+        return self._destinations.setdefault(d.destination, _Destination())
+
+    async def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            d = await self._queue.get()
+            dest = self._destination(d)
+            if dest.busy or dest.down_until > time.monotonic():
+                self._hold(dest, d)
+                continue
+            dest.busy = True
+            try:
+                await self._deliver(d)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self._failed(dest, d, err)
+            else:
+                self.sent += 1
+                self._recovered(d.destination, dest)
+            finally:
+                dest.busy = False
+            if dest.down_until <= time.monotonic():
+                self._release(dest)
+
+    def _hold(self, dest: _Destination, d: Delivery, first: bool = False) -> None:
+        """Keep a message for a destination that is busy or down, bounded: the oldest go."""
+        if len(dest.waiting) >= self.settings.queue_size:
+            dest.waiting.popleft()
+            dest.dropped += 1
+            self.dropped += 1
+        if first:
+            dest.waiting.appendleft(d)
+        else:
+            dest.waiting.append(d)
+
+    def _release(self, dest: _Destination) -> None:
+        """The destination may take messages again: its next waiting one goes to the queue."""
+        dest.timer = None
+        if not dest.waiting or self._queue is None:
+            return
+        if self._queue.full():  # (the workers are behind: try again shortly)
+            dest.timer = asyncio.get_running_loop().call_later(1.0, self._release, dest)
+            return
+        self._queue.put_nowait(dest.waiting.popleft())
+
+    def _failed(self, dest: _Destination, d: Delivery, err: Exception) -> None:
+        self.failed += 1
+        now = time.monotonic()
+        d.tries += 1
+        permanent = isinstance(err, Permanent)
+        if not permanent:
+            dest.failures += 1
+            backoff = min(self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (dest.failures - 1))
+            dest.down_until = now + backoff
+            if d.tries <= self.settings.retries:
+                self._hold(dest, d, first=True)
+            else:
+                dest.dropped += 1
+                self.dropped += 1
+            if dest.timer is None:
+                dest.timer = asyncio.get_running_loop().call_later(backoff, self._release, dest)
+        if now - dest.logged_at >= self.settings.log_interval_s:
+            dest.logged_at = now
+            what = "refused a notification" if permanent else "cannot be reached"
+            self.log.warning("gpujobs: notifications: %s %s: %s; %s (%d waiting, %d dropped; this is logged "
+                             "once per %s while it lasts)", d.destination, what, _error_text(err),
+                             "not retried" if permanent else f"retrying in {format_duration(dest.down_until - now)}",
+                             len(dest.waiting), dest.dropped, format_duration(self.settings.log_interval_s))
+
+    def _recovered(self, name: str, dest: _Destination) -> None:
+        if dest.failures:
+            self.log.info("gpujobs: notifications: %s takes messages again", name)
+        dest.failures = 0
+        dest.down_until = 0.0
+        dest.logged_at = -float("inf")
+
+    async def _deliver(self, d: Delivery) -> None:
+        if d.channel == "email":
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(2, thread_name_prefix="gpujobs-mail")
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(loop.run_in_executor(self._pool, self._send_mail, d),
+                                   self.settings.timeout_s * 3)
+        else:
+            await self._post(d)
+
+    def _send_mail(self, d: Delivery) -> None:
+        """Send one mail (in a thread; every step bounded by the timeout)."""
+        s = self.settings
+        msg = EmailMessage()
+        msg["From"] = s.smtp_from
+        msg["To"] = d.to
+        msg["Subject"] = d.subject
+        msg["Date"] = formatdate(localtime=True)
+        msg["Message-ID"] = make_msgid(domain=s.server or None)
+        msg["Auto-Submitted"] = "auto-generated"
+        msg.set_content(d.text)
+        try:
+            smtp: smtplib.SMTP
+            if s.smtp_security == "ssl":
+                smtp = smtplib.SMTP_SSL(s.smtp_host, s.smtp_port, timeout=s.timeout_s,
+                                        context=ssl.create_default_context())
+            else:
+                smtp = smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.timeout_s)
+            with smtp:
+                if s.smtp_security == "starttls":
+                    smtp.starttls(context=ssl.create_default_context())
+                if s.smtp_user:
+                    smtp.login(s.smtp_user, s.smtp_password)
+                smtp.send_message(msg)
+        except smtplib.SMTPRecipientsRefused as err:
+            raise Permanent(f"the mail server refused the address: {_refusal(err)}") from None
+        except smtplib.SMTPAuthenticationError as err:
+            raise RuntimeError(f"login as {s.smtp_user!r} refused ({err.smtp_code})") from None
+        except smtplib.SMTPResponseException as err:
+            if 500 <= err.smtp_code < 600:
+                raise Permanent(f"the mail server answered {err.smtp_code}") from None
+            raise
+
+    async def _post(self, d: Delivery) -> None:
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        host = urlsplit(d.to).hostname or ""
+        if not host_allowed(host, self.settings.webhook_hosts) and d.to not in self.settings.admin_webhooks:
+            raise Permanent(f"{host!r} is not in c.GPUJobs.notify_webhook_hosts")
+        if self._http is None:  # its own client: a slow webhook takes no connection of the server's
+            self._http = AsyncHTTPClient(force_instance=True, max_clients=self.settings.workers)
+        t = self.settings.timeout_s
+        request = HTTPRequest(d.to, method="POST", body=json.dumps({"text": f"{d.subject}\n{d.text}"}),
+                              headers={"Content-Type": "application/json"}, connect_timeout=t,
+                              request_timeout=t, follow_redirects=False, user_agent="jupyter-gpujobs")
+        response = await self._http.fetch(request, raise_error=False)
+        code = response.code
+        if 200 <= code < 300:
+            return
+        if code == 599:
+            raise ConnectionError(str(response.error) if response.error else "no answer")
+        if code == 429 or code >= 500:
+            raise ConnectionError(f"HTTP {code}")
+        raise Permanent(f"HTTP {code}")
+
+
+def _plain(text: str) -> str:
+    """Text for a subject line or a chat message: no control characters."""
+    return _CONTROL.sub(" ", text).strip()
+
+
+def _refusal(err: smtplib.SMTPRecipientsRefused) -> str:
+    codes = {code for code, _ in err.recipients.values()}
+    return ", ".join(str(c) for c in sorted(codes)) or "refused"
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, asyncio.TimeoutError):
+        return "timed out"
+    text = str(err) or type(err).__name__
+    return text[:300]
