@@ -182,17 +182,53 @@ def test_bad_settings_are_refused_naming_the_field_and_good_ones_outlive_a_resta
             alice.api("PUT", "notifications", body=body)
         assert (err.value.status, err.value.field) == (status, field), body
     assert alice.notifications()["webhook"] is None  # nothing was half-applied
+    # the command line, as alice
+    cli = server.cli("--token", "tok-alice", "notify", "--webhook", "gopher://127.0.0.1/x")
+    assert cli.returncode == 1 and "webhook" in cli.stderr and "http" in cli.stderr, cli.stderr
+    cli = server.cli("--token", "tok-alice", "notify", "--webhook", "http://127.0.0.1:9/hook", "--events", "failed")
+    assert cli.returncode == 0, cli.stderr
+    assert "notifications on failed to:" in cli.stdout and "http://127.0.0.1:9/hook" in cli.stdout
+    assert "sends no e-mail" in cli.stdout
     ok = alice.set_notifications(webhook="https://chat.example.org/hooks/abc", events=["failed", "ended"])
     assert ok["webhook"] == "https://chat.example.org/hooks/abc" and ok["events"] == ["ended", "failed"]
     assert ok["email_available"] is False and ok["webhook_hosts"] == ["127.0.0.1", "*.example.org"]
+    _magic_as(server, "tok-bob", "--webhook https://ci.example.org/hook --events ended", "notifications on ended")
+    with pytest.raises(Exception, match=r"%gpujobs notify \(events\): unknown kind 'bogus'"):
+        _magic_as(server, "tok-bob", "--events bogus", "")
     server.stop()
     server.start()
     again = _clients(server)
     assert again["alice"].notifications()["webhook"] == "https://chat.example.org/hooks/abc"
     assert again["alice"].notifications()["events"] == ["ended", "failed"]
-    assert again["bob"].notifications()["webhook"] is None
+    assert again["bob"].notifications()["webhook"] == "https://ci.example.org/hook"
     off = again["alice"].clear_notifications()
     assert off["webhook"] is None and off["email"] is None
+
+
+def _magic_as(server: Any, token: str, line: str, expect: str) -> None:
+    """`%gpujobs notify LINE` in an IPython shell whose client is `token`'s."""
+    import contextlib
+    import io
+    import os
+
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "jupyter_gpujobs")
+    magics = ip.magics_manager.registry["GPUJobMagics"]
+    old = {k: os.environ.get(k) for k in ("GPUJOBS_URL", "GPUJOBS_TOKEN")}
+    os.environ.update(GPUJOBS_URL=server.url, GPUJOBS_TOKEN=token)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            magics.gpujobs(f"notify {line}")
+        assert expect in out.getvalue(), out.getvalue()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def test_a_receiver_that_is_down_is_retried_and_logged_once(live_server: Any) -> None:

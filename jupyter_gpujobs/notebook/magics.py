@@ -475,7 +475,8 @@ class GPUJobMagics(Magics):
         try:
             return handler(rest)
         except GPUJobsError as err:
-            raise UsageError(f"%gpujobs {cmd}: {err.message}") from None
+            where = f" ({err.field})" if err.field and not err.message.startswith(err.field) else ""
+            raise UsageError(f"%gpujobs {cmd}{where}: {err.message}") from None
 
     @magic_arguments()
     @argument("--all", action="store_true", help="everyone's jobs")
