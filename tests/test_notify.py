@@ -138,18 +138,23 @@ def test_each_user_is_told_of_their_own_jobs_once_and_admins_of_findings(
     wait_until(lambda: set(mailbox.subjects("alice@example.org")) >= expected_alice, 20, "alice's mails")
     wait_until(lambda: set(receiver.texts("/alice")) >= expected_alice, 20, "alice's webhook posts")
     wait_until(lambda: len(receiver.texts("/bob")) >= 2, 20, "bob's webhook posts")
-    wait_until(lambda: receiver.texts("/admins"), 20, "the finding posted to the admins")
-    wait_until(lambda: mailbox.subjects("ops@example.org"), 20, "the finding mailed to the admins")
+    wait_until(lambda: any("crash" in t for t in receiver.texts("/admins")), 20, "the finding posted to the admins")
+    wait_until(lambda: any("crash" in t for t in mailbox.subjects("ops@example.org")), 20,
+               "the finding mailed to the admins")
     time.sleep(1.5)  # anything sent twice would arrive by now
     # alice: each of her job events once, at each of her addresses; nothing of bob's
-    assert sorted(mailbox.subjects("alice@example.org")) == sorted(expected_alice)
-    assert sorted(receiver.texts("/alice")) == sorted(expected_alice)
+    # (a finding about a stray process on her job's GPU, from another test on the machine, may come too)
+    assert sorted(t for t in mailbox.subjects("alice@example.org") if t.startswith("[gpujobs] job ")) == sorted(
+        expected_alice)
+    assert sorted(t for t in receiver.texts("/alice") if t.startswith("[gpujobs] job ")) == sorted(expected_alice)
     # bob: only failures (his choice), of his own jobs
     assert sorted(receiver.texts("/bob")) == sorted(f"[gpujobs] job {j['id']} (crash) failed" for j in bobs)
     assert all("alice" not in p["text"] and "late" not in p["text"] for p in receiver.posts["/bob"])
-    # the admins: the finding (bob's job failed twice in a row), once at each address
-    assert len(receiver.texts("/admins")) == 1 and "failed 2 times in a row" in receiver.texts("/admins")[0]
-    assert len(mailbox.subjects("ops@example.org")) == 1
+    # the admins: the finding (bob's job failed twice in a row), once at each address (other
+    # findings may come from processes of other tests on the machine's fake GPUs)
+    streak = "job 'crash' of bob failed 2 times in a row"
+    assert sum(streak in t for t in receiver.texts("/admins")) == 1, receiver.texts("/admins")
+    assert sum(streak in t for t in mailbox.subjects("ops@example.org")) == 1
     mail = next(m for rcpt, m in mailbox.messages if "alice@example.org" in rcpt)
     assert mail["From"].startswith("gpujobs@") and mail["Auto-Submitted"] == "auto-generated"
     # a test message on request
