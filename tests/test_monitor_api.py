@@ -264,6 +264,58 @@ async def test_usage_and_heatmap_api_on_seeded_history(api: Any, monitor: Any) -
     assert status == 400 and err["field"] == "since"
 
 
+async def test_chart_series_on_seeded_history(api: Any, monitor: Any) -> None:
+    """The dashboard's series: GPU readings in buckets (each reading counted once, from the
+    finest rows that cover it) and the queue's length and waits over time."""
+    store = monitor.store
+    # readings of tomorrow: the monitor's roll-up and pruning leave them as they are
+    t0 = (time.time() // 3600 + 24) * 3600
+    seed = [mstore.SampleValues("seed-host", 0, "GPU-seed-a", t0 + 60 * i, utilization=float(u),
+                                memory_used_mb=float(m), memory_total_mb=16384)
+            for i, (u, m) in enumerate([(10, 1000), (30, 2000), (80, 3000)])]
+    # a minute row, and a raw reading it already covers (rolled up, not yet pruned)
+    seed.append(mstore.SampleValues("seed-host", 0, "GPU-seed-a", t0 - 590, utilization=99.0))
+    mstore.add_samples(store, seed)
+    mstore.add_samples(store, [mstore.SampleValues("seed-host", 0, "GPU-seed-a", t0 - 600, utilization=50.0,
+                                                   count=12)], resolution=60)
+    status, body = await api("GET", "gpus/samples", params={"since": str(t0 - 600), "until": str(t0 + 600),
+                                                             "step": "600"})
+    assert status == 200, body
+    rows = [r for r in body["samples"] if r["host"] == "seed-host"]
+    assert [(r["time"], r["utilization"], r["count"]) for r in rows] == [(t0 - 600, 50.0, 12), (t0, 40.0, 3)]
+    assert rows[1]["utilization_max"] == 80 and rows[1]["memory_used_mb"] == 2000
+    assert rows[1]["memory_used_max_mb"] == 3000 and rows[1]["memory_total_mb"] == 16384
+    status, body = await api("GET", "gpus/samples", params={"since": str(t0), "until": str(t0 + 240), "step": "120"})
+    assert [r["utilization"] for r in body["samples"] if r["host"] == "seed-host"] == [20.0, 80.0]
+    status, err = await api("GET", "gpus/samples", params={"since": "7d", "step": "1"})
+    assert status == 400 and err["field"] == "step" and "at least 303s" in err["message"]
+    status, err = await api("GET", "gpus/samples", params={"step": "60", "resolution": "60"})
+    assert status == 400 and err["field"] == "step"
+
+    def job(user: str, submitted: float, started: float | None, ended: float) -> None:
+        j = store.add_jobs([{"user": user, "command": ["x"], "gpus": 1}], user, submitted)[0]
+        if started is not None:
+            store.start(j.id, "seed-host", [(0, "GPU-seed-a")], started)
+            store.transition(j.id, JobState.COMPLETED, "runner", "completed", ended, ended_at=ended)
+        else:
+            store.transition(j.id, JobState.CANCELLED, user, "cancelled", ended, ended_at=ended)
+
+    t0 = datetime(2026, 3, 3, 9, 0).timestamp()
+    job("ann", t0, t0 + 300, t0 + 400)
+    job("ben", t0, t0 + 900, t0 + 1000)
+    job("cid", t0 + 100, None, t0 + 1000)
+    status, body = await api("GET", "usage/queue", params={"since": str(t0), "until": str(t0 + 1200), "step": "600"})
+    assert status == 200, body
+    assert body["points"] == [
+        {"time": t0, "queue_length": 2, "started": 1, "wait_mean_s": 300.0, "wait_p90_s": 300.0},
+        {"time": t0 + 600, "queue_length": 0, "started": 1, "wait_mean_s": 900.0, "wait_p90_s": 900.0},
+    ]
+    status, body = await api("GET", "usage/queue", params={"since": "1h"})
+    assert status == 200 and body["step"] == 60 and len(body["points"]) == 60
+    status, err = await api("GET", "usage/queue", params={"since": "30d", "step": "60"})
+    assert status == 400 and err["field"] == "step"
+
+
 async def test_drain_a_gpu(api: Any, monitor: Any) -> None:
     status, body = await api("POST", "gpus/drain", {"gpu": 2, "reason": "fan noise"})
     assert status == 200, body

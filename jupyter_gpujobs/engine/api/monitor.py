@@ -7,11 +7,13 @@ next to handlers.py `HANDLERS` by the Jupyter extension and the shared engine):
 - `POST gpus/foreign {"gpu": 2, "host": "localhost", "override": true, "reason": "..."}`: admins
   let the queue hand out a GPU that a process outside the queue uses (until it is seen
   unused), or take that back with `"override": false`
-- `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings
+- `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings; with
+  `step=N`, per GPU in buckets of N seconds (for charts)
 - `GET jobs/{id}/stats`: a job's GPU utilization and memory (mean, peak), its runtime
   prediction and its findings
 - `GET usage?since=&until=&by=user|group|model`: GPU-hours
 - `GET usage/heatmap?since=&until=`: utilization by weekday x local hour
+- `GET usage/queue?since=&until=&step=`: queue length and wait times over time
 - `GET metrics`: Prometheus text exposition
 
 Handlers only decode, check roles and call the Monitor; they hold no rules of their own.
@@ -27,7 +29,7 @@ from tornado import web
 
 from ...model import MAX_ID, InvalidInput, parse_id, parse_reason
 from ..monitor.diagnosis import KINDS
-from ..monitor.usage import heatmap_report, time_range, usage_report
+from ..monitor.usage import check_step, heatmap_report, queue_report, time_range, usage_report
 from .handlers import API, JOB_ID, ApiError, GPUJobsHandler
 
 if TYPE_CHECKING:
@@ -141,7 +143,14 @@ class GPUSamplesHandler(MonitorHandler):
         resolution = self.int_arg("resolution", None)
         if resolution not in (None, 0, 60, 3600):
             raise ApiError(400, "resolution", "expected 0 (raw), 60 or 3600")
-        self.reply({"samples": self.monitor.gpu_samples(since, until, gpu, resolution)})
+        step = self.int_arg("step", None, low=1, high=366 * 86400)
+        if step is None:
+            self.reply({"samples": self.monitor.gpu_samples(since, until, gpu, resolution)})
+            return
+        if resolution is not None:
+            raise ApiError(400, "step", "give either step or resolution")
+        check_step(step, since, until)
+        self.reply({"samples": self.monitor.gpu_series(since, until, step, gpu), "step": step})
 
 
 class JobStatsHandler(MonitorHandler):
@@ -168,6 +177,16 @@ class HeatmapHandler(MonitorHandler):
         self.reply(heatmap_report(self.service.store, since, until))
 
 
+class QueueHistoryHandler(MonitorHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        since, until = time_range(self.get_argument("since", None), self.get_argument("until", None), time.time(),
+                                  default_span_s=86400)
+        step = self.int_arg("step", None, low=1, high=366 * 86400) or max(60, int((until - since) // 96) or 1)
+        self.reply(queue_report(self.service.store, since, until, step, time.time()))
+
+
 class MetricsHandler(MonitorHandler):
     @web.authenticated
     @authorized
@@ -185,6 +204,7 @@ MONITOR_HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/jobs/{JOB_ID}/stats/?", JobStatsHandler),
     (rf"/{API}/usage/?", UsageHandler),
     (rf"/{API}/usage/heatmap/?", HeatmapHandler),
+    (rf"/{API}/usage/queue/?", QueueHistoryHandler),
     (rf"/{API}/metrics/?", MetricsHandler),
 ]
 

@@ -576,6 +576,9 @@ class Monitor:
     def gpu_samples(self, since: float, until: float, gpu: int | None, resolution: int | None) -> list[dict[str, Any]]:
         return mstore.samples(self.store, since, until, resolution=resolution, gpu_index=gpu)
 
+    def gpu_series(self, since: float, until: float, step: int, gpu: int | None) -> list[dict[str, Any]]:
+        return mstore.sample_series(self.store, since, until, step, gpu_index=gpu)
+
 
 def may_see(finding: dict[str, Any], viewer: str, admin: bool) -> bool:
     """Whether a user sees a finding (`GET findings`, the events websocket): admins all of

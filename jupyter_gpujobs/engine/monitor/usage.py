@@ -1,6 +1,6 @@
 """Usage reports: GPU-hours by user, group or GPU model over a time range (from the
-allocations and jobs tables), and a utilization heatmap by weekday x hour of local time
-(from the stored GPU samples). Their text forms for `jupyter gpujobs usage` are in text.py.
+allocations and jobs tables), a utilization heatmap by weekday x hour of local time
+(from the stored GPU samples), and the queue's length and wait times over time. Their text forms for `jupyter gpujobs usage` are in text.py.
 
 GPU-hours count every allocated GPU from its allocation to its release (or to `until` /
 now for one still held), clipped to the range. A heatmap cell is the mean utilization of
@@ -10,8 +10,10 @@ of raw readings behind it; an empty cell is None.
 
 from __future__ import annotations
 
+import math
 import re
 import time
+from bisect import bisect_right
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -113,4 +115,46 @@ def heatmap_report(store: Store, since: float, until: float) -> dict[str, Any]:
             "weekdays": list(WEEKDAYS), "hours": list(range(24)), "utilization": cells, "samples": count}
 
 
-__all__ = ["BY", "WEEKDAYS", "heatmap_report", "parse_time", "time_range", "usage_report"]
+MAX_POINTS = 2000
+
+
+def check_step(step: int, since: float, until: float) -> None:
+    """A time series of at most MAX_POINTS buckets of `step` seconds over [since, until)."""
+    if step < 1:
+        raise InvalidInput("step", "must be at least 1 second")
+    if (until - since) / step > MAX_POINTS:
+        raise InvalidInput("step", f"{step}s buckets over {until - since:.0f}s would make more than {MAX_POINTS} "
+                                   f"points; use a step of at least {math.ceil((until - since) / MAX_POINTS)}s")
+
+
+def queue_report(store: Store, since: float, until: float, step: int, now: float) -> dict[str, Any]:
+    """`{"since", "until", "step", "points": [{"time", "queue_length", "started", "wait_mean_s",
+    "wait_p90_s"}]}`: per bucket of `step` seconds from `since` (up to now), the jobs waiting
+    at its end (or now), and the jobs that started in it with their mean and 90th-percentile
+    wait (None when none started)."""
+    from ..store import monitoring as mstore
+
+    check_step(step, since, until)
+    spans = mstore.queue_spans(store, since, until)
+    subs = sorted(a for a, _, _ in spans)
+    leaves = sorted(max(a, b if b is not None else (c if c is not None else math.inf)) for a, b, c in spans)
+    waits: dict[int, list[float]] = {}
+    for submitted, started, _ in spans:
+        if started is not None and since <= started < until:
+            waits.setdefault(int((started - since) // step), []).append(max(0.0, started - submitted))
+    points = []
+    k = 0
+    while since + k * step < min(until, now):
+        at = min(since + (k + 1) * step, until, now)
+        w = sorted(waits.get(k, []))
+        points.append({"time": since + k * step,
+                       "queue_length": bisect_right(subs, at) - bisect_right(leaves, at),
+                       "started": len(w),
+                       "wait_mean_s": round(sum(w) / len(w), 1) if w else None,
+                       "wait_p90_s": round(w[min(len(w) - 1, math.ceil(0.9 * len(w)) - 1)], 1) if w else None})
+        k += 1
+    return {"since": since, "until": until, "step": step, "points": points}
+
+
+__all__ = ["BY", "WEEKDAYS", "check_step", "heatmap_report", "parse_time", "queue_report", "time_range",
+           "usage_report"]

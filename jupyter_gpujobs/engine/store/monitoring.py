@@ -28,7 +28,7 @@ __all__ = [
     "RAW", "MINUTE", "HOUR", "SampleValues", "JobStats", "record_gpus", "gpu_models", "add_samples",
     "rollup", "utilization_buckets", "samples", "save_job_stats", "job_stats", "add_finding",
     "resolve_finding", "resolve_findings_except", "list_findings", "get_finding", "allocations_between",
-    "jobs_like", "finished_runtimes", "wait_times", "count_samples",
+    "jobs_like", "finished_runtimes", "wait_times", "count_samples", "sample_series", "queue_spans",
 ]
 
 
@@ -297,32 +297,79 @@ def samples(store: Store, since: float, until: float, resolution: int | None = N
              "ecc_errors": r.ecc_errors, "xid": r.xid} for r in rows]
 
 
+def _non_overlapping(rows: Sequence[Any]) -> list[Any]:
+    """The rows (each starting host, gpu, resolution, time) to use so that no reading counts
+    twice: per GPU, hour rows where they exist, minute rows after the last hour, raw readings
+    after the last minute. Sorted by time."""
+    hour_end: dict[tuple[str, int], float] = {}
+    for host, gpu, res, t, *_ in rows:
+        if res == HOUR:
+            hour_end[(host, gpu)] = max(hour_end.get((host, gpu), -math.inf), t + HOUR)
+    minute_end: dict[tuple[str, int], float] = {}
+    for host, gpu, res, t, *_ in rows:
+        if res == MINUTE and t >= hour_end.get((host, gpu), -math.inf):
+            minute_end[(host, gpu)] = max(minute_end.get((host, gpu), -math.inf), t + MINUTE)
+    out = []
+    for row in rows:
+        host, gpu, res, t = row[:4]
+        key = (host, gpu)
+        if (res == HOUR or (res == MINUTE and t >= hour_end.get(key, -math.inf))
+                or (res == RAW and t >= max(hour_end.get(key, -math.inf), minute_end.get(key, -math.inf)))):
+            out.append(row)
+    out.sort(key=lambda r: r[3])
+    return out
+
+
 def utilization_buckets(store: Store, since: float, until: float) -> list[tuple[str, int, float, int, float, int]]:
     """Non-overlapping utilization readings in [since, until): (host, gpu, time, resolution,
-    mean utilization, count). Per GPU, hour rows are used where they exist, minute rows after
-    the last hour, raw readings after the last minute, so no reading counts twice."""
+    mean utilization, count) (see `_non_overlapping`)."""
     with store.session() as s:
         rows = s.execute(
             select(GPUSampleRow.host, GPUSampleRow.gpu_index, GPUSampleRow.resolution, GPUSampleRow.time,
                    GPUSampleRow.utilization, GPUSampleRow.count)
             .where(GPUSampleRow.time >= since, GPUSampleRow.time < until, GPUSampleRow.utilization.is_not(None))
         ).all()
-    hour_end: dict[tuple[str, int], float] = {}
-    for host, gpu, res, t, _, _ in rows:
-        if res == HOUR:
-            hour_end[(host, gpu)] = max(hour_end.get((host, gpu), -math.inf), t + HOUR)
-    minute_end: dict[tuple[str, int], float] = {}
-    for host, gpu, res, t, _, _ in rows:
-        if res == MINUTE and t >= hour_end.get((host, gpu), -math.inf):
-            minute_end[(host, gpu)] = max(minute_end.get((host, gpu), -math.inf), t + MINUTE)
-    out = []
-    for host, gpu, res, t, util, count in rows:
-        key = (host, gpu)
-        if (res == HOUR or (res == MINUTE and t >= hour_end.get(key, -math.inf))
-                or (res == RAW and t >= max(hour_end.get(key, -math.inf), minute_end.get(key, -math.inf)))):
-            out.append((host, gpu, t, res, float(util), int(count)))
-    out.sort(key=lambda r: r[2])
-    return out
+    return [(host, gpu, t, res, float(util), int(count)) for host, gpu, res, t, util, count in _non_overlapping(rows)]
+
+
+def sample_series(store: Store, since: float, until: float, step: float,
+                  gpu_index: int | None = None) -> list[dict[str, Any]]:
+    """GPU readings in [since, until) in buckets of `step` seconds per GPU (bucket starts at
+    `since + k * step`), from the finest rows that cover each moment (`_non_overlapping`):
+    utilization and memory means weighted by the raw readings behind them, and their peaks.
+    Sorted by time, then host and GPU."""
+    q = (select(GPUSampleRow.host, GPUSampleRow.gpu_index, GPUSampleRow.resolution, GPUSampleRow.time,
+                GPUSampleRow.count, GPUSampleRow.utilization, GPUSampleRow.utilization_max,
+                GPUSampleRow.memory_used_mb, GPUSampleRow.memory_used_max_mb, GPUSampleRow.memory_total_mb)
+         .where(GPUSampleRow.time >= since, GPUSampleRow.time < until))
+    if gpu_index is not None:
+        q = q.where(GPUSampleRow.gpu_index == gpu_index)
+    with store.session() as s:
+        rows = s.execute(q).all()
+    buckets: dict[tuple[int, str, int], dict[str, Any]] = {}
+    for host, gpu, _res, t, count, util, util_max, mem, mem_max, mem_total in _non_overlapping(rows):
+        k = int((t - since) // step)
+        b = buckets.setdefault((k, host, gpu), {"n_util": 0, "s_util": 0.0, "n_mem": 0, "s_mem": 0.0,
+                                                "util_max": None, "mem_max": None, "mem_total": None})
+        n = max(1, int(count or 1))
+        if util is not None:
+            b["n_util"] += n
+            b["s_util"] += util * n
+            peak = util_max if util_max is not None else util
+            b["util_max"] = peak if b["util_max"] is None else max(b["util_max"], peak)
+        if mem is not None:
+            b["n_mem"] += n
+            b["s_mem"] += mem * n
+            peak = mem_max if mem_max is not None else mem
+            b["mem_max"] = peak if b["mem_max"] is None else max(b["mem_max"], peak)
+        if mem_total is not None:
+            b["mem_total"] = mem_total
+    return [{"host": host, "gpu": gpu, "time": since + k * step, "step": step, "count": max(b["n_util"], b["n_mem"]),
+             "utilization": _round(b["s_util"] / b["n_util"]) if b["n_util"] else None,
+             "utilization_max": _round(b["util_max"]),
+             "memory_used_mb": _round(b["s_mem"] / b["n_mem"]) if b["n_mem"] else None,
+             "memory_used_max_mb": _round(b["mem_max"]), "memory_total_mb": b["mem_total"]}
+            for (k, host, gpu), b in sorted(buckets.items())]
 
 
 # ----------------------------------------------------------------------------- job stats
@@ -528,3 +575,16 @@ def wait_times(store: Store, limit: int = 100_000) -> list[float]:
          .order_by(JobRow.id.desc()).limit(limit))
     with store.session() as s:
         return [max(0.0, b - a) for a, b in s.execute(q).all()]
+
+
+def queue_spans(store: Store, since: float, until: float, limit: int = 200_000) -> list[tuple[float, float | None, float | None]]:
+    """(submitted_at, started_at, ended_at) of the jobs that may have waited in [since, until):
+    submitted before `until`, and neither started nor ended before `since`. `started_at` is a
+    job's last start (a requeued job counts as waiting from its submission to then)."""
+    q = (select(JobRow.submitted_at, JobRow.started_at, JobRow.ended_at)
+         .where(JobRow.submitted_at < until,
+                or_(JobRow.started_at.is_(None), JobRow.started_at >= since),
+                or_(JobRow.ended_at.is_(None), JobRow.ended_at >= since))
+         .order_by(JobRow.id.desc()).limit(limit))
+    with store.session() as s:
+        return [(a, b, c) for a, b, c in s.execute(q).all()]
