@@ -208,6 +208,54 @@ export interface ISubmitNotebook {
   payload: { notebook: string; parameters: { [key: string]: any } };
 }
 
+/** GPU readings of one GPU in one bucket of `step` seconds (`GET gpus/samples?step=`). */
+export interface ISampleBucket {
+  host: string;
+  gpu: number;
+  time: number;
+  step: number;
+  count: number;
+  utilization: number | null;
+  utilization_max: number | null;
+  memory_used_mb: number | null;
+  memory_used_max_mb: number | null;
+  memory_total_mb: number | null;
+}
+
+/** GPU-hours by user, group or GPU model (`GET usage`). */
+export interface IUsage {
+  since: number;
+  until: number;
+  by: string;
+  rows: { key: string; gpu_hours: number; jobs: number }[];
+  total_gpu_hours: number;
+}
+
+/** Mean utilization by weekday x hour of the server's local time (`GET usage/heatmap`). */
+export interface IHeatmap {
+  since: number;
+  until: number;
+  timezone: string;
+  weekdays: string[];
+  hours: number[];
+  utilization: (number | null)[][];
+  samples: number[][];
+}
+
+/** The queue over time (`GET usage/queue`). */
+export interface IQueueHistory {
+  since: number;
+  until: number;
+  step: number;
+  points: {
+    time: number;
+    queue_length: number;
+    started: number;
+    wait_mean_s: number | null;
+    wait_p90_s: number | null;
+  }[];
+}
+
 /** How many jobs of the queue the panel shows (the server pages `GET queue`). */
 export const QUEUE_PAGE = 50;
 
@@ -231,7 +279,26 @@ export const api = {
   log: (id: number, offset: number) =>
     requestAPI<{ offset: number; data: string; done: boolean }>(
       `jobs/${id}/log?offset=${offset}`
-    )
+    ),
+  /** GPU readings since `since` seconds ago, per GPU in buckets of `step` seconds. */
+  samples: (span: number, step: number) =>
+    requestAPI<{ samples: ISampleBucket[]; step: number }>(
+      `gpus/samples?since=${Math.round(span)}s&step=${step}`
+    ),
+  usage: (span: number, by: 'user' | 'group' | 'model') =>
+    requestAPI<IUsage>(`usage?since=${Math.round(span)}s&by=${by}`),
+  heatmap: (span: number) => requestAPI<IHeatmap>(`usage/heatmap?since=${Math.round(span)}s`),
+  queueHistory: (span: number, step: number) =>
+    requestAPI<IQueueHistory>(`usage/queue?since=${Math.round(span)}s&step=${step}`),
+  findings: (openOnly = true) =>
+    requestAPI<{ findings: IFinding[] }>(`findings?open=${openOnly ? 1 : 0}&limit=500`),
+  resolveFinding: (id: number) =>
+    requestAPI<IFinding>('findings/resolve', { method: 'POST', body: JSON.stringify({ id }) }),
+  drain: (host: string, gpu: number, draining: boolean, reason: string) =>
+    requestAPI<{ gpus: IGPU[] }>('gpus/drain', {
+      method: 'POST',
+      body: JSON.stringify({ host, gpu, draining, reason })
+    })
 };
 
 /** The websocket URL of the event feed, with the token where the server wants it in the URL. */

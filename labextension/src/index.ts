@@ -1,7 +1,7 @@
 /**
- * jupyter-gpujobs for JupyterLab 4: the "GPU Jobs" sidebar, the status bar item, "Run on GPU
- * queue…" for notebooks (file browser context menu, notebook toolbar, palette), the live job
- * log viewer, and notifications about my jobs.
+ * jupyter-gpujobs for JupyterLab 4: the "GPU Jobs" sidebar, the GPU dashboard (main area),
+ * the status bar item, "Run on GPU queue…" for notebooks (file browser context menu, notebook
+ * toolbar, palette), the live job log viewer, and notifications about my jobs.
  */
 import {
   ILayoutRestorer,
@@ -11,6 +11,7 @@ import {
 import {
   Dialog,
   ICommandPalette,
+  IThemeManager,
   InputDialog,
   MainAreaWidget,
   Notification,
@@ -26,8 +27,9 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { DisposableDelegate } from '@lumino/disposable';
 import { FINAL_STATES, IFinding, IJob } from './api';
+import { DashboardModel, GPUDashboard } from './dashboard';
 import { formatDuration, jobLabel } from './format';
-import { gpuIcon } from './icons';
+import { chartIcon, gpuIcon } from './icons';
 import { LogView, createLogWidget } from './log';
 import { GPUJobsModel, IJobChange } from './model';
 import { GPUJobsPanel } from './panel';
@@ -38,6 +40,7 @@ const PLUGIN_ID = 'jupyter-gpujobs:plugin';
 
 export namespace CommandIDs {
   export const openPanel = 'gpujobs:open-panel';
+  export const openDashboard = 'gpujobs:open-dashboard';
   export const submitNotebook = 'gpujobs:submit-notebook';
   export const cancelJob = 'gpujobs:cancel-job';
   export const openLog = 'gpujobs:open-log';
@@ -56,7 +59,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ISettingRegistry,
     IDocumentManager,
     IDefaultFileBrowser,
-    INotebookTracker
+    INotebookTracker,
+    IThemeManager
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -66,7 +70,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     settingRegistry: ISettingRegistry | null,
     docManager: IDocumentManager | null,
     fileBrowser: IDefaultFileBrowser | null,
-    notebooks: INotebookTracker | null
+    notebooks: INotebookTracker | null,
+    themes: IThemeManager | null
   ) => {
     const { commands, shell } = app;
     const model = new GPUJobsModel(5);
@@ -118,10 +123,40 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     };
 
+    // The dashboard: one view in the main area, its model alive while it is open.
+    let dashboard: MainAreaWidget<GPUDashboard> | null = null;
+    const themeName = () => themes?.theme ?? document.body.dataset.jpThemeName ?? '';
+    const openDashboard = () => {
+      if (dashboard && !dashboard.isDisposed) {
+        shell.activateById(dashboard.id);
+        return;
+      }
+      const dashModel = new DashboardModel(model);
+      const content = new GPUDashboard(dashModel, { openPanel: () => openPanel() }, themeName);
+      const widget = new MainAreaWidget({ content });
+      widget.id = 'gpujobs-dashboard-area';
+      widget.title.label = content.title.label;
+      widget.title.icon = content.title.icon;
+      widget.title.caption = content.title.caption;
+      widget.title.closable = true;
+      const onTheme = () => content.themeChanged();
+      themes?.themeChanged.connect(onTheme);
+      widget.disposed.connect(() => {
+        themes?.themeChanged.disconnect(onTheme);
+        dashModel.dispose();
+        dashboard = null;
+      });
+      dashboard = widget;
+      shell.add(widget, 'main');
+      shell.activateById(widget.id);
+      dashModel.start();
+    };
+
     const panel = new GPUJobsPanel(model, {
       cancel: job => void cancel(job),
       openLog,
       openOutput,
+      openDashboard,
       retry: () => void model.refresh()
     });
     shell.add(panel, 'left', { rank: 900 });
@@ -137,6 +172,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'GPUs, my jobs, the queue and my quota',
       icon: gpuIcon,
       execute: openPanel
+    });
+
+    commands.addCommand(CommandIDs.openDashboard, {
+      label: 'Open the GPU dashboard',
+      caption: 'GPU use over time, the queue, usage per user and group, the monitor’s findings',
+      icon: chartIcon,
+      execute: openDashboard
     });
 
     commands.addCommand(CommandIDs.refresh, {
@@ -248,6 +290,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (palette) {
       const category = 'GPU Jobs';
       palette.addItem({ command: CommandIDs.openPanel, category });
+      palette.addItem({ command: CommandIDs.openDashboard, category });
       palette.addItem({ command: CommandIDs.submitNotebook, category, args: { isPalette: true } });
       palette.addItem({ command: CommandIDs.cancelJob, category });
       palette.addItem({ command: CommandIDs.refresh, category });

@@ -59,6 +59,11 @@ export class GPUJobsModel {
     return this._findingOpened;
   }
 
+  /** Every message of the events websocket, as it arrives (the dashboard follows them). */
+  get message(): ISignal<this, SocketMessage> {
+    return this._message;
+  }
+
   /** A job of mine changed state (or got a time-limit warning). */
   get jobChanged(): ISignal<this, IJobChange> {
     return this._jobChanged;
@@ -224,6 +229,7 @@ export class GPUJobsModel {
   }
 
   private _onMessage(message: SocketMessage): void {
+    this._message.emit(message);
     if (message.type === 'gpus') {
       this.gpus = message.gpus;
       this._changed.emit();
@@ -313,6 +319,7 @@ export class GPUJobsModel {
   }
 
   private _changed = new Signal<this, void>(this);
+  private _message = new Signal<this, SocketMessage>(this);
   private _jobChanged = new Signal<this, IJobChange>(this);
   private _findingOpened = new Signal<this, IFinding>(this);
   private _findingsSeen = new Set<number>();

@@ -18,13 +18,14 @@ import {
   nowSeconds,
   stateLabel
 } from './format';
-import { gpuIcon } from './icons';
+import { chartIcon, gpuIcon } from './icons';
 import { GPUJobsModel } from './model';
 
 export interface IPanelActions {
   cancel(job: IJob): void;
   openLog(job: IJob): void;
   openOutput(job: IJob): void;
+  openDashboard(): void;
   retry(): void;
 }
 
@@ -65,11 +66,22 @@ function PanelView(props: {
   const { model, actions } = props;
   const now = useClock();
   const error = model.error;
+  const active = model.myJobs.filter(j => !FINAL_STATES.has(j.state));
+  const finished = model.myJobs.filter(j => FINAL_STATES.has(j.state));
   return (
     <div className="jp-GPUJobs-body">
       <header className="jp-GPUJobs-header">
         <h2 className="jp-GPUJobs-title">GPU Jobs</h2>
         <Connection model={model} />
+        <button
+          className="jp-GPUJobs-dashButton"
+          data-action="dashboard"
+          title="Open the GPU dashboard: use over time, the queue, findings"
+          onClick={() => actions.openDashboard()}
+        >
+          <chartIcon.react tag="span" className="jp-GPUJobs-dashIcon" />
+          Dashboard
+        </button>
       </header>
       {!model.loaded && (
         <div className="jp-GPUJobs-loading" role="status">
@@ -105,14 +117,19 @@ function PanelView(props: {
               </div>
             )}
           </Section>
-          <Section title="My jobs" name="myjobs" count={model.myJobs.length}>
-            <MyJobs jobs={model.myJobs} now={now} actions={actions} />
+          <Section title="My jobs" name="myjobs" count={active.length}>
+            <MyJobs jobs={active} finished={finished.length} now={now} actions={actions} />
           </Section>
           <Section title="Queue" name="queue" count={model.queueTotal}>
             <Queue jobs={model.queue} total={model.queueTotal} now={now} me={model.user} />
           </Section>
+          {finished.length > 0 && (
+            <Section title="My finished jobs" name="finished" count={finished.length}>
+              <FinishedJobs jobs={finished} now={now} actions={actions} />
+            </Section>
+          )}
           <Section title="My quota" name="quota">
-            <Quota quota={model.quota} />
+            <Quota quota={model.quota} gpusOnServer={model.gpus.length} />
           </Section>
         </>
       )}
@@ -310,13 +327,16 @@ export function Gauge(props: { value: number }): React.ReactElement {
 
 function MyJobs(props: {
   jobs: IJob[];
+  finished: number;
   now: number;
   actions: IPanelActions;
 }): React.ReactElement {
   if (props.jobs.length === 0) {
     return (
       <div className="jp-GPUJobs-empty">
-        <div className="jp-GPUJobs-emptyTitle">You have no jobs</div>
+        <div className="jp-GPUJobs-emptyTitle">
+          {props.finished ? 'Nothing of yours is pending or running' : 'You have no jobs'}
+        </div>
         <div className="jp-GPUJobs-hint">
           Right-click a notebook and choose “Run on GPU queue…”, use the{' '}
           <code>%%gpujob</code> cell magic, or <code>jupyter gpujobs submit</code> in a
@@ -325,30 +345,34 @@ function MyJobs(props: {
       </div>
     );
   }
-  return <JobList {...props} />;
+  return (
+    <ul className="jp-GPUJobs-jobs">
+      {props.jobs.map(job => (
+        <JobRow key={job.id} job={job} now={props.now} actions={props.actions} />
+      ))}
+    </ul>
+  );
 }
 
 const RECENT_FINISHED = 5;
 
-/** All active jobs, then the few most recent finished ones (the rest behind a toggle). */
-function JobList(props: {
+/** My most recent finished jobs (the rest behind a toggle), after the queue. */
+function FinishedJobs(props: {
   jobs: IJob[];
   now: number;
   actions: IPanelActions;
 }): React.ReactElement {
   const [all, setAll] = React.useState(false);
-  const active = props.jobs.filter(j => !FINAL_STATES.has(j.state));
-  const finished = props.jobs.filter(j => FINAL_STATES.has(j.state));
-  const shown = all ? finished : finished.slice(0, RECENT_FINISHED);
-  const hidden = finished.length - shown.length;
+  const shown = all ? props.jobs : props.jobs.slice(0, RECENT_FINISHED);
+  const hidden = props.jobs.length - shown.length;
   return (
     <>
       <ul className="jp-GPUJobs-jobs">
-        {[...active, ...shown].map(job => (
+        {shown.map(job => (
           <JobRow key={job.id} job={job} now={props.now} actions={props.actions} />
         ))}
       </ul>
-      {(hidden > 0 || all) && finished.length > RECENT_FINISHED && (
+      {(hidden > 0 || all) && props.jobs.length > RECENT_FINISHED && (
         <button className="jp-GPUJobs-more" onClick={() => setAll(!all)}>
           {all ? 'Show fewer finished jobs' : `Show ${hidden} older finished job${hidden === 1 ? '' : 's'}`}
         </button>
@@ -510,10 +534,9 @@ function Queue(props: {
     <table className="jp-GPUJobs-queue">
       <thead>
         <tr>
-          <th>#</th>
-          <th>Owner</th>
-          <th>GPUs</th>
-          <th className="jp-GPUJobs-starts">Starts</th>
+          <th title="Place in the queue">#</th>
+          <th>Job</th>
+          <th className="jp-GPUJobs-starts" title="Expected start">Starts</th>
         </tr>
       </thead>
       <tbody>
@@ -522,19 +545,30 @@ function Queue(props: {
             key={job.id}
             data-job-id={job.id}
             className={job.user === props.me ? 'jp-mod-mine' : ''}
-            title={`job #${job.id} ${jobLabel(job)}${job.reason ? ` — ${job.reason}` : ''}`}
           >
             <td className="jp-GPUJobs-pos">{job.position ?? '—'}</td>
-            <td>{job.user}</td>
-            <td>
-              {gpuRequest(job)}
-              {job.priority && job.priority !== 'normal' && (
-                <span className={`jp-GPUJobs-prio jp-mod-${job.priority}`}>
-                  {job.priority}
+            <td className="jp-GPUJobs-qJob">
+              <div className="jp-GPUJobs-qHead">
+                <span className="jp-GPUJobs-qId">#{job.id}</span>
+                <span className="jp-GPUJobs-qName" title={jobLabel(job)}>
+                  {jobLabel(job)}
                 </span>
+              </div>
+              <div className="jp-GPUJobs-qMeta">
+                <span className="jp-GPUJobs-qUser">{job.user === props.me ? 'you' : job.user}</span>
+                {' · '}
+                {gpuRequest(job)}
+                {job.priority && job.priority !== 'normal' && (
+                  <span className={`jp-GPUJobs-prio jp-mod-${job.priority}`}>{job.priority}</span>
+                )}
+              </div>
+              {job.reason && (
+                <div className="jp-GPUJobs-qReason" title={job.reason}>
+                  {job.reason}
+                </div>
               )}
             </td>
-            <td className="jp-GPUJobs-starts" title={formatStart(job.expected_start, props.now)}>
+            <td className="jp-GPUJobs-starts" title={`expected start: ${formatStart(job.expected_start, props.now)}`}>
               {formatStartShort(job.expected_start, props.now)}
             </td>
           </tr>
@@ -543,7 +577,7 @@ function Queue(props: {
       {props.total > props.jobs.length && (
         <tfoot>
           <tr>
-            <td colSpan={4} className="jp-GPUJobs-hint">
+            <td colSpan={3} className="jp-GPUJobs-hint">
               the first {props.jobs.length} of {props.total} pending jobs
             </td>
           </tr>
@@ -555,52 +589,83 @@ function Queue(props: {
 
 // ------------------------------------------------------------------ quota
 
-function Quota(props: { quota: IQuota | null }): React.ReactElement {
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+/**
+ * My quota in words: "2 of 4 GPUs in use; no limit set", "1 of 2 GPUs in use (your limit;
+ * 4 on this server)", with a bar each.
+ */
+function Quota(props: { quota: IQuota | null; gpusOnServer: number }): React.ReactElement {
   const q = props.quota;
   if (!q) {
     return <div className="jp-GPUJobs-hint">No quota information.</div>;
   }
-  const gpuMax = q.max_gpus ?? q.total_gpus ?? Math.max(q.running_gpus, q.guaranteed_gpus, 1);
+  const onServer = q.total_gpus ?? props.gpusOnServer;
+  const gpuLimit = q.max_gpus ?? null;
+  const gpuMax = gpuLimit ?? Math.max(onServer, q.running_gpus, 1);
+  const gpuText =
+    gpuLimit !== null
+      ? `${q.running_gpus} of ${plural(gpuLimit, 'GPU')} in use (your limit; ${onServer} on this server)`
+      : `${q.running_gpus} of ${plural(onServer, 'GPU')} in use; no limit set`;
+  const jobLimit = q.max_running_jobs ?? null;
+  const jobText =
+    jobLimit !== null
+      ? `${q.running_jobs} of ${plural(jobLimit, 'running job')} (your limit)`
+      : `${plural(q.running_jobs, 'running job')}; no limit set`;
   return (
     <div className="jp-GPUJobs-quota">
       <QuotaBar
-        label="Running GPUs"
+        label="GPUs"
+        text={gpuText}
         value={q.running_gpus}
         max={gpuMax}
-        limitText={q.max_gpus !== null && q.max_gpus !== undefined ? `limit ${q.max_gpus}` : 'no limit'}
         guarantee={q.guaranteed_gpus}
         borrowed={q.borrowed_gpus > 0}
         name="gpus"
       />
       <QuotaBar
-        label="Running jobs"
+        label="Jobs"
+        text={jobText}
         value={q.running_jobs}
-        max={q.max_running_jobs ?? Math.max(q.running_jobs, 1)}
-        limitText={
-          q.max_running_jobs !== null && q.max_running_jobs !== undefined
-            ? `limit ${q.max_running_jobs}`
-            : 'no limit'
-        }
+        max={jobLimit ?? Math.max(q.running_jobs, 1)}
         name="jobs"
+        bar={jobLimit !== null}
       />
-      <div className="jp-GPUJobs-quotaFacts">
-        <span>guaranteed {q.guaranteed_gpus} GPU{q.guaranteed_gpus === 1 ? '' : 's'}</span>
-        {q.borrowed_gpus > 0 && <span>{q.borrowed_gpus} borrowed (preemptible)</span>}
-        <span>{q.pending_jobs} pending</span>
-        {q.max_time_limit_s ? <span>max time {formatDuration(q.max_time_limit_s)}</span> : null}
-      </div>
+      <ul className="jp-GPUJobs-quotaFacts">
+        <li>
+          {q.guaranteed_gpus
+            ? `${plural(q.guaranteed_gpus, 'GPU')} guaranteed to you (the marker on the bar)`
+            : 'no GPUs guaranteed: you use what is free'}
+        </li>
+        {q.borrowed_gpus > 0 && (
+          <li>{plural(q.borrowed_gpus, 'GPU')} borrowed beyond your share (may be preempted)</li>
+        )}
+        <li>
+          {q.pending_jobs
+            ? `${plural(q.pending_jobs, 'job')} of yours waiting${q.pending_gpus ? ` for ${plural(q.pending_gpus, 'GPU')}` : ''}`
+            : 'nothing of yours waiting'}
+        </li>
+        <li>
+          {q.max_time_limit_s
+            ? `time limit per job: at most ${formatDuration(q.max_time_limit_s)}`
+            : 'no maximum time limit per job'}
+        </li>
+      </ul>
     </div>
   );
 }
 
 function QuotaBar(props: {
   label: string;
+  text: string;
   value: number;
   max: number;
-  limitText: string;
   guarantee?: number;
   borrowed?: boolean;
   name: string;
+  bar?: boolean;
 }): React.ReactElement {
   const max = Math.max(props.max, 1);
   const fraction = Math.min(1, props.value / max);
@@ -608,24 +673,24 @@ function QuotaBar(props: {
   return (
     <div className={`jp-GPUJobs-quotaRow jp-GPUJobs-quota-${props.name}`}>
       <div className="jp-GPUJobs-quotaLabel">
-        <span>{props.label}</span>
-        <span className="jp-GPUJobs-quotaValue">
-          {props.value} / {props.max} <span className="jp-GPUJobs-quotaLimit">({props.limitText})</span>
-        </span>
+        <span className="jp-GPUJobs-quotaName">{props.label}</span>
+        <span className="jp-GPUJobs-quotaValue">{props.text}</span>
       </div>
-      <div className="jp-GPUJobs-bar jp-GPUJobs-quotaBar">
-        <div
-          className={`jp-GPUJobs-barFill ${over ? 'jp-mod-borrowed' : 'jp-mod-low'}`}
-          style={{ width: `${(fraction * 100).toFixed(1)}%` }}
-        />
-        {props.guarantee !== undefined && props.guarantee > 0 && (
+      {props.bar !== false && (
+        <div className="jp-GPUJobs-bar jp-GPUJobs-quotaBar">
           <div
-            className="jp-GPUJobs-guarantee"
-            title={`guaranteed: ${props.guarantee}`}
-            style={{ left: `${Math.min(100, (props.guarantee / max) * 100).toFixed(1)}%` }}
+            className={`jp-GPUJobs-barFill ${over ? 'jp-mod-borrowed' : 'jp-mod-low'}`}
+            style={{ width: `${(fraction * 100).toFixed(1)}%` }}
           />
-        )}
-      </div>
+          {props.guarantee !== undefined && props.guarantee > 0 && (
+            <div
+              className="jp-GPUJobs-guarantee"
+              title={`guaranteed: ${props.guarantee}`}
+              style={{ left: `${Math.min(100, (props.guarantee / max) * 100).toFixed(1)}%` }}
+            />
+          )}
+        </div>
+      )}
     </div>
   );
 }

@@ -75,6 +75,19 @@ def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def use_repo_build(env: dict[str, str]) -> None:
+    """Make Lab load this checkout's built extension (jupyter_gpujobs/labextension, which
+    `pip install -e .` and `jlpm build` write): linked into the isolated JUPYTER_DATA_DIR, which
+    comes first in Lab's extension path, so it wins over one the Python environment holds."""
+    build = REPO / "jupyter_gpujobs" / "labextension"
+    if not (build / "package.json").exists():
+        return
+    link = Path(env["JUPYTER_DATA_DIR"]) / "labextensions" / "jupyter-gpujobs"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        link.symlink_to(build.resolve(), target_is_directory=True)
+
+
 def start_lab(tmp: Path, *, jupyter: str | None = None, env: dict[str, str] | None = None,
               extra_args: list[str] | None = None, timeout: float = 90, root: Path | None = None,
               wrapper: list[str] | None = None) -> Lab:
@@ -82,6 +95,8 @@ def start_lab(tmp: Path, *, jupyter: str | None = None, env: dict[str, str] | No
     root = root or tmp / "root"
     root.mkdir(parents=True, exist_ok=True)
     env = env or isolated_env(tmp)
+    if jupyter is None:  # this environment's Lab: test this checkout's build
+        use_repo_build(env)
     port = free_port()
     jupyter = jupyter or str(Path(sys.executable).with_name("jupyter"))
     log_path = tmp / "lab.log"

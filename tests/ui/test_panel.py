@@ -175,7 +175,42 @@ def test_pending_job_shows_queue_position_reason_and_expected_start(page: Any, c
     wait_for(lambda: panel.locator(".jp-GPUJobs-gpu.jp-mod-busy").count() == 2, 10, "busy GPU cards")
     assert f"job #{running['id']}" in panel.locator(".jp-GPUJobs-gpu").first.inner_text()
     # My quota counts the running GPUs.
-    wait_for(lambda: "2 /" in panel.locator(".jp-GPUJobs-quota-gpus").inner_text(), 10, "quota bar")
+    wait_for(lambda: "2 of 2 GPUs in use; no limit set" in panel.locator(".jp-GPUJobs-quota-gpus").inner_text(), 10,
+             "the quota to say how many GPUs are in use")
+
+
+def test_queue_names_each_job_with_its_reason_and_start_before_finished_jobs(page: Any, client: Any) -> None:
+    """The queue table says which job waits (id, name, owner, GPUs), why, and when it is expected
+    to start; the queue comes before my finished jobs; the quota says what its numbers are."""
+    done = client.submit(sleeper(0.2), gpus=1, time_limit="1m", name="already-done")
+    wait_for(lambda: client.job(done["id"])["state"] in FINAL, 20, "the short job to end")
+    panel = open_panel(page)
+    client.submit(sleeper(30), gpus=2, time_limit="2m", name="hog")
+    waiting = client.submit(sleeper(1), gpus=1, time_limit="1m", name="waiter")
+    row = panel.locator(f'.jp-GPUJobs-queue tr[data-job-id="{waiting["id"]}"]')
+    row.wait_for(timeout=10000)
+    view = wait_for(lambda: (j := client.job(waiting["id"]))["reason"] and j["expected_start"] and j, 15,
+                    "the engine's reason and expected start")
+    assert row.locator(".jp-GPUJobs-qId").inner_text() == f"#{waiting['id']}"
+    assert row.locator(".jp-GPUJobs-qName").inner_text() == "waiter"
+    assert "you · 1×any GPU" in row.locator(".jp-GPUJobs-qMeta").inner_text()
+    wait_for(lambda: row.locator(".jp-GPUJobs-qReason").count() == 1, 10, "the reason in the queue")
+    assert row.locator(".jp-GPUJobs-qReason").inner_text() == view["reason"]
+    starts = row.locator(".jp-GPUJobs-starts")
+    assert re.fullmatch(r"now|\d+s|\d+m|\d+h.*", starts.inner_text()), starts.inner_text()
+    assert (starts.get_attribute("title") or "").startswith("expected start: ")
+    # sections in this order: GPUs, my (active) jobs, the queue, then my finished jobs
+    order = panel.evaluate(
+        "p => [...p.querySelectorAll('.jp-GPUJobs-section')].map(s => s.className.match(/section-(\\w+)/)[1])")
+    assert order == ["gpus", "myjobs", "queue", "finished", "quota"], order
+    assert job_row(page, done["id"]).count() == 1
+    assert panel.locator(f'.jp-GPUJobs-section-myjobs .jp-GPUJobs-job[data-job-id="{done["id"]}"]').count() == 0
+    quota = panel.locator(".jp-GPUJobs-quota")
+    wait_for(lambda: "2 of 2 GPUs in use; no limit set" in quota.inner_text(), 15, "the GPUs in use in words")
+    assert "1 running job; no limit set" in quota.inner_text()
+    assert "1 job of yours waiting for 1 GPU" in quota.inner_text()
+    screenshot(page, "panel-queue", panel)
+    screenshot(page, "panel-quota", quota)
 
 
 # ------------------------------------------------------------------------- cancel

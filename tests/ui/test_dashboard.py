@@ -1,0 +1,214 @@
+"""The GPU dashboard in a real JupyterLab (fake GPUs 2xA100, base_url /lab-under-test/) driven by
+Chromium: opened from the command palette and from the panel, every chart drawn from the
+monitor's data and kept live by the websocket, findings with their admin actions, light and
+dark themes at the main area's width and at a narrow one."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from labtools import copy_to_docs, open_panel, run_command, screenshot, set_theme
+
+pytestmark = pytest.mark.ui
+
+CHARTS = ("utilization", "memory", "heatmap", "users", "groups", "queue", "wait")
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def sleeper(seconds: float) -> list[str]:
+    return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
+
+
+def burner(seconds: float, share: float) -> list[str]:
+    """Busy `share` of the time: fake GPUs show the CPU use of their jobs as utilization."""
+    code = (f"import time\nend = time.time() + {seconds}\n"
+            f"while time.time() < end:\n    t = time.time() + {share} * 0.1\n"
+            f"    while time.time() < t: pass\n    time.sleep({1 - share} * 0.1)")
+    return [sys.executable, "-c", code]
+
+
+@pytest.fixture(autouse=True)
+def idle_engine(client: Any) -> Iterator[None]:
+    """Each test starts (and leaves) the shared engine idle, with no GPU drained."""
+
+    def drain() -> None:
+        for job in client.jobs(state="PENDING,RUNNING", limit=1000)["jobs"]:
+            try:
+                client.cancel(job["id"])
+            except Exception:
+                pass
+        wait_for(lambda: not client.jobs(state="PENDING,RUNNING")["jobs"], 30, "the engine to be idle")
+
+    drain()
+    yield
+    drain()
+
+
+def chart(page: Any, name: str) -> Any:
+    return page.locator(f'#gpujobs-dashboard-area .jp-GPUDash-chart[data-chart="{name}"]')
+
+
+def points(page: Any, name: str) -> int:
+    return int(chart(page, name).get_attribute("data-points") or 0)
+
+
+def version(page: Any, name: str) -> int:
+    return int(chart(page, name).get_attribute("data-version") or 0)
+
+
+def drawn(page: Any, name: str) -> int:
+    """Marks (SVG paths) Vega drew in the chart."""
+    return chart(page, name).locator("svg path").count()
+
+
+def open_dashboard(page: Any) -> Any:
+    run_command(page, "gpujobs:open-dashboard")
+    dash = page.locator("#gpujobs-dashboard-area")
+    dash.wait_for(state="visible", timeout=15000)
+    for name in CHARTS:
+        chart(page, name).wait_for(timeout=15000)
+    wait_for(lambda: version(page, "utilization") > 0, 30, "the first charts drawn")
+    return dash
+
+
+def test_dashboard_charts_have_data_and_follow_the_engine_live(page: Any, client: Any) -> None:
+    """With a job running on GPU and one waiting for it, every chart has data, and each one
+    changes without a reload as readings, job events and the queue move."""
+    dash = open_dashboard(page)
+    assert "GPU dashboard" in dash.inner_text()
+    assert dash.locator('.jp-GPUDash-range[data-range="hour"]').get_attribute("aria-pressed") == "true"
+
+    busy = client.submit(burner(60, 0.9), gpus=1, time_limit="5m", name="dash-burn")
+    hog = client.submit(sleeper(4), gpus=1, time_limit="5m", name="dash-hog")
+    wait_for(lambda: client.job(hog["id"])["state"] == "RUNNING", 20, "the hog to run")
+    waiting = client.submit(sleeper(1), gpus=1, time_limit="1m", name="dash-wait")
+
+    # GPU readings arrive over the websocket every few seconds and are appended: utilization
+    # and memory redraw, and the burner's GPU climbs.
+    for name in ("utilization", "memory"):
+        before = (points(page, name), version(page, name))
+        wait_for(lambda n=name, b=before: points(page, n) > b[0] and version(page, n) > b[1], 15,
+                 f"the {name} chart to take live readings")
+        assert drawn(page, name) > 0
+    gpu = client.job(busy["id"])["assigned_gpus"][0]
+
+    def burner_util() -> int:
+        latest = dict(kv.split("=") for kv in (chart(page, "utilization").get_attribute("data-summary") or "").split(","))
+        return int(latest.get(f"GPU {gpu}") or 0)
+
+    wait_for(lambda: burner_util() >= 5, 20, "the burner's GPU to climb in the utilization chart")
+    util = dash.locator('.jp-GPUDash-tile[data-tile="util"] .jp-GPUDash-tileValue')
+    assert int(util.inner_text().rstrip("%")) > 0
+
+    # The queue's live end: the waiting job counts, then it starts (and leaves a wait time).
+    queue_tile = dash.locator('.jp-GPUDash-tile[data-tile="queue"] .jp-GPUDash-tileValue')
+    wait_for(lambda: chart(page, "queue").get_attribute("data-last") == "1" or
+             client.job(waiting["id"])["state"] != "PENDING", 10, "the queue chart to show the waiting job")
+    wait_for(lambda: client.job(waiting["id"])["state"] != "PENDING", 30, "the waiting job to start")
+    wait_for(lambda: chart(page, "queue").get_attribute("data-last") == "0", 15, "the queue chart to empty")
+    assert queue_tile.inner_text() == "0 jobs"
+
+    # Job events re-read usage and the waits: the jobs' GPU-hours and the wait appear.
+    wait_for(lambda: points(page, "wait") > 0, 20, "the wait chart to show the job that waited")
+    wait_for(lambda: points(page, "users") > 0 and points(page, "groups") > 0, 20, "GPU-hours per user and group")
+    users_before = chart(page, "users").get_attribute("data-summary")
+    wait_for(lambda: chart(page, "users").get_attribute("data-summary") != users_before, 60,
+             "the GPU-hours to grow while the burner runs")
+    client.cancel(busy["id"])
+
+    # The last day: every chart is read again for it, and has data (the heatmap too: the
+    # readings of this hour).
+    dash.locator('.jp-GPUDash-range[data-range="day"]').click()
+    assert dash.locator('.jp-GPUDash-range[data-range="day"]').get_attribute("aria-pressed") == "true"
+    for name in CHARTS:
+        wait_for(lambda n=name: points(page, n) > 0 and drawn(page, n) > 0, 30, f"the {name} chart of the last day")
+    assert dash.locator(".jp-GPUJobs-error").count() == 0
+
+
+def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(page: Any, client: Any,
+                                                                            lab: Any) -> None:
+    """An admin drains a GPU: the finding appears live; Undrain in the dashboard closes it and
+    the GPU takes jobs again."""
+    import httpx
+
+    panel = open_panel(page)
+    panel.locator('button[data-action="dashboard"]').click()
+    dash = page.locator("#gpujobs-dashboard-area")
+    dash.wait_for(state="visible", timeout=15000)
+    none = dash.locator(".jp-GPUDash-none")
+    none.wait_for(timeout=15000)
+    assert "No open findings" in none.inner_text()
+    r = httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": 1, "reason": "fan noise"}, timeout=10)
+    assert r.status_code == 200, r.text
+    try:
+        finding = dash.locator('.jp-GPUDash-finding[data-kind="gpu_drained"]')
+        finding.wait_for(timeout=10000)  # over the websocket, no reload
+        assert "fan noise" in finding.inner_text()
+        assert "GPU drained" in finding.inner_text()
+        tile = dash.locator('.jp-GPUDash-tile[data-tile="busy"] .jp-GPUDash-tileNote')
+        wait_for(lambda: "1 draining" in tile.inner_text(), 10, "the GPU tile to count the drained GPU")
+        finding.locator('button[data-action="undrain"]').click()
+        finding.wait_for(state="detached", timeout=10000)
+        assert dash.locator(".jp-GPUDash-none").count() == 1
+        gpus = httpx.get(lab.url + "gpujobs/api/gpus", timeout=10).json()["gpus"]
+        assert [g["draining"] for g in gpus] == [False, False]
+        # Drain from a finding about a GPU, then undrain it again from the same card.
+        r = httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": 0, "reason": "test"}, timeout=10)
+        finding = dash.locator('.jp-GPUDash-finding[data-kind="gpu_drained"]')
+        finding.wait_for(timeout=10000)
+        assert finding.locator('button[data-action="resolve"]').count() == 0, "undrain is how it is resolved"
+        finding.locator('button[data-action="undrain"]').click()
+        finding.wait_for(state="detached", timeout=10000)
+    finally:
+        for gpu in (0, 1):
+            httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": gpu, "draining": False}, timeout=10)
+
+
+def _representative_load(client: Any) -> None:
+    client.submit(sleeper(0.5), gpus=1, time_limit="10m", name="warmup")
+    client.submit(burner(300, 0.8), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
+    client.submit(burner(300, 0.35), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
+    client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", priority="high", name="sweep-lr")
+
+
+def test_dashboard_screenshots_light_and_dark(page: Any, client: Any) -> None:
+    """The dashboard at the main area's width and at a narrow one, in both themes
+    (tests/ui/screenshots/dashboard-*.png)."""
+    _representative_load(client)
+    page.set_viewport_size({"width": 1400, "height": 1500})
+    run_command(page, "application:toggle-left-area")  # the main area gets the whole width
+    dash = open_dashboard(page)
+    page.wait_for_timeout(9000)  # a few live readings
+    page.evaluate("document.querySelectorAll('.Toastify__toast').forEach(t => t.remove())")
+    light = screenshot(page, "dashboard-light", dash)
+    set_theme(page, "JupyterLab Dark")
+    wait_for(lambda: version(page, "utilization") > 0 and drawn(page, "utilization") > 0, 15, "redrawn charts")
+    page.wait_for_timeout(1500)
+    dark = screenshot(page, "dashboard-dark", dash)
+    page.set_viewport_size({"width": 460, "height": 2600})
+    page.wait_for_timeout(1500)
+    screenshot(page, "dashboard-narrow-dark", dash)
+    set_theme(page, "JupyterLab Light")
+    page.wait_for_timeout(1500)
+    screenshot(page, "dashboard-narrow-light", dash)
+    # nothing sticks out of a card at the narrow width
+    overflow = page.evaluate(
+        """() => [...document.querySelectorAll('#gpujobs-dashboard-area .jp-GPUDash-card')]
+             .filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText.slice(0, 30))""")
+    assert overflow == []
+    copy_to_docs(light, "dashboard-light.png")
+    copy_to_docs(dark, "dashboard-dark.png")
