@@ -87,13 +87,29 @@ def format_queue(jobs: list[dict[str, Any]], now: float) -> str:
     return _table(rows, ["POS", "ID", "USER", "NAME", "GPUS", "PRIORITY", "EXPECTED START", "REASON"])
 
 
+def share_text(holder: dict[str, Any]) -> str:
+    """`job 12 (alice) 0.25 = 20 GiB, using 3.1`: one holder of a shared GPU."""
+    text = f"job {holder['job_id']} ({holder.get('user') or '?'})"
+    if holder.get("share") is None:
+        return text + " whole card"
+    text += f" {holder['share']:.2g} = {holder['memory_mb'] / 1024:.3g} GiB"
+    if holder.get("used_mb") is not None:
+        text += f", using {holder['used_mb'] / 1024:.1f}"
+    return text
+
+
 def format_gpus(gpus: list[dict[str, Any]]) -> str:
     """The GPUs and their holders; grouped by node (a NODE column) on a cluster (Slurm)."""
     cluster = len({g.get("host") for g in gpus}) > 1 or any("slurm_job_id" in g for g in gpus)
     rows = []
     for g in sorted(gpus, key=lambda g: (str(g.get("host")), g["index"])) if cluster else gpus:
         mem = f"{g['memory_used_mb'] / 1024:.1f}/{g['memory_total_mb'] / 1024:.0f} GiB"
-        if g.get("job_id"):
+        shared = [h for h in g.get("holders") or [] if h.get("share") is not None]
+        if shared:
+            holder = ", ".join(share_text(h) for h in g["holders"])
+            left = 1.0 - sum(h["share"] for h in shared)
+            holder += f"; {max(0.0, left):.2g} free" if left > 0.005 else "; full"
+        elif g.get("job_id"):
             holder = f"job {g['job_id']} ({g['user']})"
         elif g.get("slurm_job_id"):
             holder = f"Slurm job {g['slurm_job_id']} ({g.get('user') or '?'})"
@@ -468,6 +484,8 @@ def run(argv: Sequence[str]) -> int:
             print(format_gpus(gpus) if gpus else "no GPUs on this server")
             if report.get("isolation"):
                 print(report["isolation"])
+            if report.get("share_enforcement"):
+                print(report["share_enforcement"])
     elif args.cmd == "quota":
         return _quota(client, args)
     elif args.cmd == "reserve":

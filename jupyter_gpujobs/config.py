@@ -302,6 +302,19 @@ class GPUJobs(Configurable):
                                 help="A failed job whose GPU memory peaked at this fraction of a card ran out of memory.")
     use_predictions = Bool(False, config=True,
                            help="Let backfill use confident runtime predictions instead of time limits.")
+    share_grace = Union([Integer(), Unicode()], default_value="10s", config=True,
+                        help="How long a job holding a share of a GPU may use more GPU memory than its share "
+                             "before the engine stops it (it is warned when first seen over).")
+    mps = Bool(False, config=True,
+               help="Run an NVIDIA MPS control daemon per shared GPU and give each share job its pinned "
+                    "memory limit and active thread percentage, so the driver enforces them. Needs "
+                    "nvidia-cuda-mps-control; without it the engine says so and its watcher alone enforces shares.")
+    mps_pipe_dir = Unicode("", config=True,
+                           help="Folder of the MPS daemons' pipe directories (one per shared GPU). Empty: "
+                                "/run/jupyter-gpujobs/mps for a root engine, else mps/pipe in the state dir.")
+    mps_log_dir = Unicode("", config=True,
+                          help="Folder of the MPS daemons' log directories (one per shared GPU). Empty: "
+                               "/var/log/jupyter-gpujobs/mps for a root engine, else mps/log in the state dir.")
     predict_min_confidence = Float(0.6, config=True,
                                    help="Runtime predictions at least this confident set Job.predicted_runtime_s "
                                         "(used by backfill when use_predictions is on).")
@@ -348,7 +361,7 @@ class GPUJobs(Configurable):
 
     @validate("default_time_limit", "max_time_limit", "kill_grace", "preempt_grace", "time_limit_warning",
               "fairshare_half_life", "sample_retention", "sample_retention_minutes", "sample_retention_hours",
-              "idle_hog_after")
+              "idle_hog_after", "share_grace")
     def _check_duration(self, proposal: Any) -> Any:
         name = proposal["trait"].name
         try:

@@ -105,7 +105,8 @@ def check_gpus(ctx: Context) -> list[Check]:
         rows.append(Check("GPUs", WARN, f"draining: GPU {', '.join(draining)}",
                           "see `jupyter gpujobs findings`; an admin undrains with the panel or POST gpus/drain"))
     for key, value in sorted(report.items()):
-        if key not in ("gpus", "backend", "isolation") and isinstance(value, str) and value:
+        if key not in ("gpus", "backend", "isolation", "share_enforcement", "share_mode") and isinstance(value, str) \
+                and value:
             rows.append(Check("GPUs", WARN, f"{key}: {value}"))  # e.g. a notice the engine gives
     isolation = report.get("isolation") or ctx.info.get("isolation")
     if isolation is None:
@@ -116,6 +117,13 @@ def check_gpus(ctx: Context) -> list[Check]:
                           "on a shared machine run the engine as root on cgroup v2 so jobs are fenced to their GPUs"))
     else:
         rows.append(Check("isolation", OK, str(isolation)))
+    sharing = report.get("share_enforcement") or ctx.info.get("share_enforcement")
+    if sharing and "MPS asked for but" in str(sharing):
+        rows.append(Check("GPU shares", WARN, str(sharing),
+                          "install NVIDIA's MPS (nvidia-cuda-mps-control, with the driver or CUDA toolkit) on the "
+                          "engine's PATH, or set c.GPUJobs.mps = False"))
+    elif sharing:
+        rows.append(Check("GPU shares", OK, str(sharing)))
     return rows
 
 

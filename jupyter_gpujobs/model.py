@@ -309,9 +309,17 @@ class FakeGPUSpec:
     count: int
     model: str
     memory_mb: int
+    #: MIG instances each card of this kind is partitioned into (profile names such as
+    #: "1g.18gb", one per instance); empty: a whole GPU
+    mig: tuple[str, ...] = ()
 
 
-_FAKE_PART = re.compile(r"^(?:(\d+)\s*[x×*]\s*)?([A-Za-z][\w.-]*?)(?:-(\d+)\s*GB)?$", re.IGNORECASE)
+_FAKE_PART = re.compile(r"^(?:(\d+)\s*[x×*]\s*)?([A-Za-z][\w.-]*?)(?:-(\d+)\s*GB)?(?:\s*\[(.*)\])?$", re.IGNORECASE)
+#: A MIG profile: "<compute slices>g.<memory>gb", e.g. "1g.18gb", "3g.71gb", "1g.10gb+me"
+MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb(?:\+me)?", re.IGNORECASE)
+_MIG_ITEM = re.compile(r"^\s*(\d+g\.\d+gb(?:\+me)?)\s*(?:[x×*]\s*(\d+))?\s*$", re.IGNORECASE)
+#: Compute slices of a MIG-capable card (A100, H100, H200: 7)
+MIG_SLICES = 7
 
 #: Memory of common models when a fake spec does not say (MB).
 _KNOWN_MEMORY_MB = {
@@ -320,12 +328,62 @@ _KNOWN_MEMORY_MB = {
 }
 
 
+def _split_outside_brackets(spec: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in spec:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth <= 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def _parse_mig(text: str, part: str, memory_mb: int) -> tuple[str, ...]:
+    """`"mig:3g.71gb,1g.18gb*2"` -> ("3g.71gb", "1g.18gb", "1g.18gb"), checked against the card."""
+    body = text.strip()
+    if not body.lower().startswith("mig:"):
+        raise InvalidInput("fake_gpus", f"cannot read [{text}] in {part!r}; write e.g. H200-141GB[mig:1g.18gb*7]")
+    out: list[str] = []
+    for item in re.split(r"[,+](?!me\b)", body[4:], flags=re.IGNORECASE):
+        match = _MIG_ITEM.match(item)
+        if not match:
+            raise InvalidInput("fake_gpus", f"cannot read the MIG profile {item.strip()!r} in {part!r}; "
+                                            "write e.g. 1g.18gb or 3g.71gb*2")
+        count = int(match.group(2) or 1)
+        if not 1 <= count <= MIG_SLICES:
+            raise InvalidInput("fake_gpus", f"{item.strip()!r} in {part!r}: 1 to {MIG_SLICES} instances per profile")
+        out.extend([match.group(1).lower()] * count)
+    slices = sum(int(MIG_PROFILE.match(p).group(1)) for p in out)  # type: ignore[union-attr]
+    mem = sum(int(MIG_PROFILE.match(p).group(2)) * 1024 for p in out)  # type: ignore[union-attr]
+    if slices > MIG_SLICES:
+        raise InvalidInput("fake_gpus", f"the MIG instances in {part!r} use {slices} compute slices; "
+                                        f"a card has {MIG_SLICES}")
+    if mem > memory_mb:
+        raise InvalidInput("fake_gpus", f"the MIG instances in {part!r} need {mem // 1024} GB; "
+                                        f"the card has {memory_mb // 1024} GB")
+    return tuple(out)
+
+
+def mig_profile_memory_mb(profile: str) -> int:
+    """Memory of a MIG instance from its profile name: "1g.18gb" -> 18432 (MB)."""
+    match = MIG_PROFILE.search(profile)
+    return int(match.group(2)) * 1024 if match else 0
+
+
 def parse_fake_gpus(spec: str) -> list[FakeGPUSpec]:
-    """`"4xA100-80GB,2xT4"` -> [FakeGPUSpec(4, "A100-80GB", 81920), FakeGPUSpec(2, "T4", 15360)]."""
+    """`"4xA100-80GB,2xT4"` -> [FakeGPUSpec(4, "A100-80GB", 81920), FakeGPUSpec(2, "T4", 15360)].
+
+    A card partitioned with MIG lists its instances in brackets:
+    `"1xH200-141GB[mig:1g.18gb*7]"`, `"A100-80GB[mig:3g.40gb,2g.20gb,1g.10gb*2]"` (profiles
+    "<slices>g.<GB>gb", `*N` for N alike; at most 7 slices and the card's memory in all).
+    """
     out: list[FakeGPUSpec] = []
     if not spec or not spec.strip():
         return out
-    for raw in spec.split(","):
+    for raw in _split_outside_brackets(spec):
         part = raw.strip()
         if not part:
             continue
@@ -342,7 +400,8 @@ def parse_fake_gpus(spec: str) -> list[FakeGPUSpec]:
         else:
             memory = _KNOWN_MEMORY_MB.get(base.upper(), 16384)
             model = base
-        out.append(FakeGPUSpec(count, model, memory))
+        mig = _parse_mig(match.group(4), part, memory) if match.group(4) is not None else ()
+        out.append(FakeGPUSpec(count, model, memory, mig))
     return out
 
 
@@ -351,11 +410,16 @@ def gpu_matches_type(gpu_name: str, wanted: str | None) -> bool:
 
     Matching is case-insensitive on the model's words, so "A100" matches "NVIDIA A100-SXM4-80GB"
     and "A100-80GB", "a100-80gb" matches "A100-80GB", and "T4" does not match "RTX A4000".
+    A MIG instance ("H200 1g.18gb") matches only a type that names its profile ("1g.18gb",
+    "H200 1g.18gb"): who asks for an H200 means a whole one.
     """
     if not wanted:
         return True
     name = gpu_name.lower().replace("nvidia", " ")
     want = wanted.lower().strip()
+    profile = MIG_PROFILE.search(name)
+    if profile and f"{profile.group(1)}g.{profile.group(2)}gb" not in want:
+        return False  # a MIG instance is asked for by its profile ("1g.18gb", "H200 1g.18gb")
     tokens = re.split(r"[\s_/]+", name)
     if want in tokens:
         return True

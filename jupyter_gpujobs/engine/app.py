@@ -30,7 +30,9 @@ from ..config import GPUJobs, retention_seconds
 from .claim import GPUClaim
 from .gpus import make_backend
 from .runners import make_runner
+from .runners.mps import MPSControl
 from .service import JobService
+from .shares import Shares
 from .store import Store, default_url
 
 if TYPE_CHECKING:
@@ -74,6 +76,16 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
             log.error("gpujobs: %s", claim.refusal())
     if backend.name == "fake":
         job_env["GPUJOBS_FAKE_FLEET"] = fleet  # jobs and kernels: on this engine's fake GPUs
+    shares = Shares(grace_s=cfg.seconds("share_grace"), mps_wanted=cfg.mps, backend=backend.name,
+                    runner_schedules_itself=runner.schedules_itself)
+    if cfg.mps and backend.name == "nvml":
+        root = os.geteuid() == 0
+        shares.mps = MPSControl(
+            cfg.mps_pipe_dir or ("/run/jupyter-gpujobs/mps" if root else str(data_dir / "mps" / "pipe")),
+            cfg.mps_log_dir or ("/var/log/jupyter-gpujobs/mps" if root else str(data_dir / "mps" / "log")))
+        if shares.mps.problem:
+            log.warning("gpujobs: c.GPUJobs.mps is on but %s; GPU shares are enforced by the engine's watcher "
+                        "alone", shares.mps.problem)
     service = JobService(
         store, backend, runner, cfg.policy(),
         state_dir=data_dir,
@@ -95,6 +107,7 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         cleanup_interval=cfg.job_cleanup_interval,
         # GPUs in use outside the queue (not where a cluster scheduler hands out its GPUs)
         foreign_memory_threshold_mb=None if claim is None else cfg.foreign_memory_threshold,
+        shares=shares,
     )
     from .monitor import Monitor, MonitorSettings
     from .notify import Notifier, NotifySettings

@@ -55,6 +55,7 @@ from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
 from .scheduler.reservations import gpus_text, occurrence_at, occurrences
 from .scheduler.shares import gpu_bytes
+from .shares import Shares
 from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class JobService:
         admin_group: str | None = None,
         private_data: bool = False,
         gpu_claim: GPUClaim | None = None,
+        shares: Shares | None = None,
     ):
         self.store = store
         self.gpus = gpus
@@ -158,6 +160,8 @@ class JobService:
         self.admin_group = admin_group  # members of this Unix group are admins (shared engine)
         self.private_data = private_data  # others' jobs show only their queue view (PrivateData=jobs)
         self.gpu_claim = gpu_claim  # the machine-wide claim of the GPUs (claim.py); None: not claimed
+        # how GPU shares are enforced (shares.py); the monitor's share watcher reports to `over_share`
+        self.shares = shares or Shares(backend=gpus.name, runner_schedules_itself=runner.schedules_itself)
         # quotas an admin set through the API or CLI (stored; they win over the configured ones):
         # (scope, name) -> {"quota": its dict form, "by": who, "at": when}; `_policy` applies them
         self.quotas_set: dict[tuple[str, str], dict[str, Any]] = {}
@@ -552,14 +556,15 @@ class JobService:
     def gpu_views(self) -> list[dict[str, Any]]:
         if self.mirror is not None:
             return self.mirror.gpu_views(self.inventory)
-        holders: dict[tuple[str, int], Job] = {}
+        holding: dict[tuple[str, int], list[Job]] = {}
         for job in self._running.values():
             if job.host:
                 for index in job.assigned_gpus:
-                    holders[(job.host, index)] = job
+                    holding.setdefault((job.host, index), []).append(job)
         out = []
         for g in self.inventory:
-            holder = holders.get((g.host, g.index))
+            jobs = holding.get((g.host, g.index), [])
+            holder = jobs[0] if jobs else None
             out.append({
                 "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
                 "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
@@ -568,6 +573,10 @@ class JobService:
                 # in use outside the queue: busy, unless an admin overrode it ("foreign_override": who)
                 "foreign": None if holder else self._foreign.get((g.host, g.index)),
                 "foreign_override": None if holder else self.foreign_ignored.get((g.host, g.index)),
+                # who holds how much of it: each job with its share (None: the whole card), its
+                # memory limit and use (MB); a MIG instance is a GPU of its own ("mig")
+                "holders": self.shares.holders(jobs, g),
+                "mig": g.uuid.startswith("MIG-"),
             })
         return out
 
@@ -1502,6 +1511,25 @@ class JobService:
                 elif now >= end + self.kill_grace_s + 5:
                     self._terminate(job, reason, "timeout", self.kill_grace_s)
 
+    def over_share(self, job_id: int, reason: str, stop: bool) -> None:
+        """A running job uses more GPU memory than its share (the monitor's share watcher says
+        so, with `reason`): a WARNING event when first seen over, and once over for the whole
+        grace it is stopped and ends FAILED with the reason."""
+        job = self._running.get(job_id)
+        if job is None:
+            return
+        now = self.clock()
+        if not stop:
+            text = (f"over its GPU share: {reason}; stopped in {format_duration(self.shares.grace_s)} "
+                    "unless it gives the memory back")
+            self.store.add_event(job.id, "WARNING", "engine", text, now, data={"over_share": reason})
+            self._publish(job, {"job_id": job.id, "time": now, "state": "WARNING", "actor": "engine",
+                                "reason": text, "data": {"over_share": reason}})
+        elif job.kind in EXTERNAL_KINDS:
+            self._set_state(job.id, JobState.FAILED, "engine", reason, expect=(JobState.RUNNING,))
+        else:
+            self._terminate(job, reason, "failed", self.kill_grace_s)
+
     def _launch(self, job: Job, host: str, gpus: list[GPU], borrowed: bool, share: float | None = None) -> None:
         """Start a job, crash-safe: where its run will live is stored with its RUNNING
         transition, before its supervisor starts, so a restart at any point finds the run
@@ -1558,7 +1586,8 @@ class JobService:
                                 "reason": reason})
 
     def _launch_request(self, job: Job, gpus: list[GPU], log_path: str) -> LaunchRequest:
-        env = {**self.job_env, **job.env, "GPUJOBS_USER": job.user}
+        hints, facts = self.shares.environment(job, gpus)  # a share of a GPU: framework hints, MPS
+        env = {**self.job_env, **hints, **job.env, **facts, "GPUJOBS_USER": job.user}
         if job.array_index is not None:
             env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
             env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
@@ -1586,8 +1615,9 @@ class JobService:
 
     def _deny_devices(self, gpus: list[GPU]) -> list[str]:
         """The device nodes of this machine's GPUs other than `gpus` (a job's device fence)."""
-        given = {g.index for g in gpus}
-        return [path for index, path in sorted(self.gpus.device_nodes().items()) if index not in given]
+        nodes = self.gpus.device_nodes()
+        given = {nodes[g.index] for g in gpus if g.index in nodes}  # MIG instances share their card's node
+        return sorted({path for path in nodes.values() if path not in given})
 
     def _discard(self, handle: dict[str, Any]) -> None:
         if handle:

@@ -363,6 +363,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 pass
         if all(i in uuids for i in job["assigned_gpus"]):
             env["GPUJOBS_GPU_UUIDS"] = ",".join(uuids[i] for i in job["assigned_gpus"])
+            # a MIG instance is addressed by its UUID only
+            visible = ",".join(uuids[i] if uuids[i].startswith("MIG-") else str(i) for i in job["assigned_gpus"])
+            env["CUDA_VISIBLE_DEVICES"] = env["NVIDIA_VISIBLE_DEVICES"] = visible
         self._fake_gpus = fake
         if self._fake_gpus and self.mark_fake_gpu_use:
             env["GPUJOBS_FAKE"] = "1"  # the fake backend sees the kernel on its GPUs

@@ -235,7 +235,9 @@ class GPUsHandler(GPUJobsHandler):
     @authorized
     async def get(self) -> None:
         out: dict[str, Any] = {"gpus": self.service.gpu_views(), "backend": self.service.gpus.name,
-                               "isolation": self.service.isolation}
+                               "isolation": self.service.isolation,
+                               "share_enforcement": self.service.shares.describe(self.service.inventory),
+                               "share_mode": self.service.shares.mode()}
         notice = engine_notice(self.service)
         if notice:
             out["notice"] = notice
@@ -415,6 +417,8 @@ class InfoHandler(GPUJobsHandler):
             "gpu_models": sorted({g["name"] for g in gpus}),
             "store": store,
             "isolation": self.service.isolation,
+            "share_enforcement": self.service.shares.describe(self.service.inventory),
+            "share_mode": self.service.shares.mode(),
             # on fake GPUs: the name a process puts in GPUJOBS_FAKE_FLEET to be on this engine's
             # GPUs only (engine/gpus/fake.py); a demo's hand-made "rogue" uses it
             "fake_fleet": getattr(self.service.gpus, "fleet", None),

@@ -19,6 +19,12 @@ with no fleet (a hand-made "rogue") is seen by every backend, as a real process 
 Children inherit these variables, so a job's whole process tree counts; a process that
 clears its environment is no longer seen. Indices that do not exist are ignored.
 
+MIG: a card of the spec with MIG instances (`"1xH200-141GB[mig:1g.18gb*7]"`, see
+`model.parse_fake_gpus`) is not schedulable itself, as a real one in MIG mode is not; each
+instance is a GPU of its own: the next index, the type "<model> <profile>" ("H200 1g.18gb"),
+the profile's memory and a UUID `MIG-fake-<card>-<instance>-<12 hex>`, which is what a job on
+it gets in CUDA_VISIBLE_DEVICES (as on real MIG instances).
+
 What a fake GPU reports:
 
 - utilization: the sum over its processes of each one's CPU use in percent (since the last
@@ -27,12 +33,17 @@ What a fake GPU reports:
   `GPUJOBS_FAKE_UTIL=<percent>`.
 - memory used: the sum of `GPUJOBS_FAKE_MEM_MB=<MB>` of its processes, or
   `DEFAULT_PROCESS_MEM_MB` for one that does not say; capped at the card's memory.
+  `processes()` gives each process's own amount, as NVML's per-process used memory does.
+  A job "allocates" GPU memory with `python -m jupyter_gpujobs.gpualloc 23G` (gpualloc.py),
+  which holds that much while it runs; on real GPUs the same command allocates it for real.
+  A process's environment is read again while it is young (its first 2 s), so a process that
+  re-executes itself with a new GPUJOBS_FAKE_MEM_MB, as gpualloc does, is seen with it.
 - temperature and power: plausible functions of utilization.
 
 Device nodes: given a `device_dir` (a root engine gives `/dev/gpujobs-fake/<fleet>`, where
 every job's user can open them, and removes them when it stops), the backend makes a real
-character device per fake GPU there, `nvidia<index>` with the NVIDIA major (195) and no driver
-behind it (needs root; without, there are none). A job's device cgroup allows
+character device per fake card there, `nvidia<card>` with the NVIDIA major (195) and no driver
+behind it (needs root; without, there are none); the MIG instances of a card share its node. A job's device cgroup allows
 or denies them like real ones: an allowed node opens with ENXIO ("no such device or
 address"), a denied one with EPERM, which tests the GPU fence without a GPU.
 
@@ -45,12 +56,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...model import GPU, FakeGPUSpec
+from ...model import GPU, FakeGPUSpec, mig_profile_memory_mb
 from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
 
 #: Memory a process on a fake GPU holds when it does not declare GPUJOBS_FAKE_MEM_MB.
@@ -73,6 +85,22 @@ def fake_uuid(index: int, model: str, fleet: str | None = None) -> str:
     key = f"{fleet}:{index}:{model}" if fleet else f"{index}:{model}"
     digest = hashlib.sha1(key.encode()).hexdigest()
     return f"GPU-fake-{index:04d}-{digest[:12]}"
+
+
+def fake_mig_uuid(card: int, instance: int, profile: str, fleet: str | None = None) -> str:
+    """A stable UUID for MIG instance `instance` of fake card `card`: `MIG-fake-<card>-<i>-<12 hex>`."""
+    key = f"{fleet}:mig:{card}:{instance}:{profile}" if fleet else f"mig:{card}:{instance}:{profile}"
+    digest = hashlib.sha1(key.encode()).hexdigest()
+    return f"MIG-fake-{card:04d}-{instance}-{digest[:12]}"
+
+
+@dataclass(frozen=True)
+class _FakeGPU:
+    index: int  # the schedulable device's index
+    uuid: str
+    model: str
+    memory_mb: int
+    card: int  # the physical card it is (or is a MIG instance of)
 
 
 @dataclass
@@ -163,12 +191,21 @@ class FakeBackend(GPUBackend):
         self.host = host
         self.clock = clock
         self.fleet = fleet  # None: count every marked process on the machine
-        self._gpus: list[tuple[int, str, str, int]] = []  # index, uuid, model, memory MB
+        self._gpus: list[_FakeGPU] = []  # the schedulable devices: whole cards and MIG instances
+        card = 0
         for spec in specs:
+            base = re.sub(r"-\d+GB$", "", spec.model, flags=re.IGNORECASE)
             for _ in range(spec.count):
-                index = len(self._gpus)
-                self._gpus.append((index, fake_uuid(index, spec.model, fleet), spec.model, spec.memory_mb))
-        self._uuid_index = {uuid: index for index, uuid, _, _ in self._gpus}
+                if not spec.mig:
+                    index = len(self._gpus)
+                    self._gpus.append(_FakeGPU(index, fake_uuid(index, spec.model, fleet), spec.model,
+                                               spec.memory_mb, card))
+                for k, profile in enumerate(spec.mig):
+                    self._gpus.append(_FakeGPU(len(self._gpus), fake_mig_uuid(card, k, profile, fleet),
+                                               f"{base} {profile}", mig_profile_memory_mb(profile), card))
+                card += 1
+        self._cards = card
+        self._uuid_index = {g.uuid: g.index for g in self._gpus}
         self._procs: dict[int, _ProcInfo] = {}
         self._scan: _Scan | None = None
         self._nodes = self._make_nodes(device_dir) if device_dir else {}
@@ -180,7 +217,7 @@ class FakeBackend(GPUBackend):
         nodes = {}
         try:
             os.makedirs(device_dir, mode=0o755, exist_ok=True)
-            for index, *_ in self._gpus:
+            for index in range(self._cards):
                 path = os.path.join(device_dir, f"nvidia{index}")
                 want = os.makedev(NVIDIA_MAJOR, index)
                 try:
@@ -197,7 +234,8 @@ class FakeBackend(GPUBackend):
         return nodes
 
     def device_nodes(self) -> dict[int, str]:
-        return dict(self._nodes)
+        """GPU index -> its card's node (the MIG instances of a card share it)."""
+        return {g.index: self._nodes[g.card] for g in self._gpus if g.card in self._nodes}
 
     def remove_device_nodes(self) -> None:
         """Remove the nodes made for these GPUs, and their folder once empty."""
@@ -218,30 +256,30 @@ class FakeBackend(GPUBackend):
     def inventory(self) -> list[GPU]:
         scan = self._current()
         out = []
-        for index, uuid, model, memory in self._gpus:
-            procs = scan.by_gpu.get(index, [])
-            out.append(GPU(index=index, uuid=uuid, name=model, host=self.host, memory_total_mb=memory,
-                           memory_used_mb=self._memory(procs, memory),
+        for g in self._gpus:
+            procs = scan.by_gpu.get(g.index, [])
+            out.append(GPU(index=g.index, uuid=g.uuid, name=g.model, host=self.host, memory_total_mb=g.memory_mb,
+                           memory_used_mb=self._memory(procs, g.memory_mb),
                            utilization=self._utilization(procs)))
         return out
 
     def processes(self) -> dict[int, list[GPUProcess]]:
         scan = self._current()
-        return {index: [GPUProcess(pid, info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB)
-                        for pid, info in scan.by_gpu.get(index, [])]
-                for index, _, _, _ in self._gpus}
+        return {g.index: [GPUProcess(pid, info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB)
+                        for pid, info in scan.by_gpu.get(g.index, [])]
+                for g in self._gpus}
 
     def sample(self) -> list[GPUSample]:
         scan = self._current()
         now = self.clock()
         out = []
-        for index, uuid, model, memory in self._gpus:
-            procs = scan.by_gpu.get(index, [])
+        for g in self._gpus:
+            procs = scan.by_gpu.get(g.index, [])
             util = self._utilization(procs)
-            tdp = next((w for prefix, w in _TDP_W.items() if model.upper().startswith(prefix)), 250)
+            tdp = next((w for prefix, w in _TDP_W.items() if g.model.upper().startswith(prefix)), 250)
             out.append(GPUSample(
-                index=index, uuid=uuid, time=now, utilization=util,
-                memory_used_mb=self._memory(procs, memory), memory_total_mb=memory,
+                index=g.index, uuid=g.uuid, time=now, utilization=util,
+                memory_used_mb=self._memory(procs, g.memory_mb), memory_total_mb=g.memory_mb,
                 temperature_c=round(32.0 + 0.5 * util, 1),
                 power_w=round(tdp * (0.15 + 0.85 * util / 100.0), 1),
                 ecc_errors=0, xid=None, healthy=True, processes=len(procs),
@@ -314,11 +352,11 @@ class FakeBackend(GPUBackend):
                 info = self._new_info(pid, start, self._environ_linux(pid))
                 info.first_seen = mono
                 self._procs[pid] = info
-            elif young and not info.gpus:
+            elif young:
                 fresh = self._new_info(pid, start, self._environ_linux(pid))
-                if fresh.gpus:  # it exec'ed into a job since the last scan
-                    fresh.first_seen = info.first_seen
-                    info = self._procs[pid] = fresh
+                if (fresh.gpus, fresh.util, fresh.mem_mb) != (info.gpus, info.util, info.mem_mb):
+                    # it exec'ed into a job, or with other declared values, since the last scan
+                    info.gpus, info.util, info.mem_mb = fresh.gpus, fresh.util, fresh.mem_mb
             info.checked = mono
             if not info.gpus or state in ("Z", "X"):
                 continue

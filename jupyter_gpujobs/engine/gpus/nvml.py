@@ -4,12 +4,23 @@ Every NVML query is guarded on its own: a GPU whose temperature cannot be read s
 in the inventory, and a GPU that fell off the bus ("GPU is lost") is reported unhealthy
 instead of breaking the listing. Xid errors are collected, where the driver supports it,
 from an NVML event set polled without waiting at each sample.
+
+MIG: a GPU an admin partitioned with MIG (`nvmlDeviceGetMigMode` says enabled) is not
+schedulable itself; each of its MIG instances is (`nvmlDeviceGetMaxMigDeviceCount`,
+`nvmlDeviceGetMigDeviceHandleByIndex`): a device with the MIG UUID NVML gives ("MIG-…", what a
+job gets in CUDA_VISIBLE_DEVICES), the type "<card> <profile>" ("NVIDIA H200 1g.18gb"), its own
+memory and processes, and an index after the whole GPUs' (whole GPUs keep their NVML index,
+which CUDA_VISIBLE_DEVICES uses with CUDA_DEVICE_ORDER=PCI_BUS_ID). Temperature, power, ECC
+errors and the device node of an instance are its card's. The partitioning is read when the
+backend opens (restart the engine after changing it); the engine never changes MIG settings.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ...model import GPU
@@ -20,6 +31,27 @@ _MB = 1024 * 1024
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_PROFILE = re.compile(r"\d+g\.\d+gb(?:\+me)?", re.IGNORECASE)
+
+
+def mig_name(card_name: str, instance_name: str | None, memory_mb: int | None) -> str:
+    """The type of a MIG instance: "<card> <profile>" ("NVIDIA H200 1g.18gb"), the profile read
+    from NVML's name of the instance ("NVIDIA H200 MIG 1g.18gb"), else from its memory."""
+    match = _PROFILE.search(instance_name or "")
+    if match:
+        return f"{card_name} {match.group(0).lower()}"
+    return f"{card_name} MIG {round((memory_mb or 0) / 1024)}gb"
+
+
+@dataclass(frozen=True)
+class _Device:
+    index: int  # the engine's index: the NVML index of a whole GPU, count + n of a MIG instance
+    uuid: str
+    name: str
+    handle: Any
+    card: int  # the NVML index of the card (itself for a whole GPU)
 
 
 class NVMLBackend(GPUBackend):
@@ -33,21 +65,43 @@ class NVMLBackend(GPUBackend):
         self.host = host
         self._closed = False
         self._warned: set[tuple[int, str]] = set()
-        self._handles: list[Any] = []
-        self._static: list[tuple[int, str, str]] = []  # index, uuid, name
+        self._handles: dict[int, Any] = {}  # engine index -> NVML handle (a MIG instance's own)
+        self._static: list[tuple[int, str, str]] = []  # index, uuid, name of each schedulable device
+        self._card_of: dict[int, int] = {}  # engine index -> NVML index of its card
+        self._card_handles: dict[int, Any] = {}  # NVML index -> handle of the card
+        self._card_uuids: dict[str, list[int]] = {}  # card UUID -> engine indices on it (Xid events)
+        self.mig_cards: dict[int, int] = {}  # NVML index of a card in MIG mode -> its instances
         count = nvml.nvmlDeviceGetCount()
+        devices: list[_Device] = []
+        next_mig = count
         for i in range(count):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             uuid = self._call(i, "uuid", nvml.nvmlDeviceGetUUID, handle)
             name = self._call(i, "name", nvml.nvmlDeviceGetName, handle)
-            self._handles.append(handle)
-            self._static.append((i, _text(uuid) if uuid is not None else f"GPU-unknown-{i}",
-                                 _text(name) if name is not None else "NVIDIA GPU"))
+            card_uuid = _text(uuid) if uuid is not None else f"GPU-unknown-{i}"
+            card_name = _text(name) if name is not None else "NVIDIA GPU"
+            self._card_handles[i] = handle
+            instances = self._mig_instances(i, handle, card_name)
+            if instances is None:
+                devices.append(_Device(i, card_uuid, card_name, handle, i))
+            else:
+                self.mig_cards[i] = len(instances)
+                if not instances:
+                    self.log.warning("gpujobs: GPU %d (%s) is in MIG mode without MIG instances: nothing can run "
+                                "on it until an admin creates some", i, card_name)
+                for mig_uuid, mig_type, mig_handle in instances:
+                    devices.append(_Device(next_mig, mig_uuid, mig_type, mig_handle, i))
+                    next_mig += 1
+            self._card_uuids[card_uuid] = [d.index for d in devices if d.card == i]
+        for d in devices:
+            self._handles[d.index] = d.handle
+            self._static.append((d.index, d.uuid, d.name))
+            self._card_of[d.index] = d.card
         self._last_xid: dict[int, int] = {}
         self._events: Any = None
         try:
             self._events = nvml.nvmlEventSetCreate()
-            for handle in self._handles:
+            for handle in self._card_handles.values():
                 try:
                     nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
                 except Exception:
@@ -68,6 +122,41 @@ class NVMLBackend(GPUBackend):
             raise
 
     # ---------------------------------------------------------------- helpers
+
+    def _mig_instances(self, card: int, handle: Any, card_name: str) -> list[tuple[str, str, Any]] | None:
+        """(MIG UUID, type, handle) of each MIG instance of a card in MIG mode; None for a card
+        not in MIG mode (or a driver without MIG). Every query is guarded: an instance that
+        cannot be read is left out, with a log line."""
+        nvml = self.nvml
+        get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return None
+        try:
+            current, _pending = get_mode(handle)
+        except Exception:
+            return None  # not MIG-capable (NVML_ERROR_NOT_SUPPORTED)
+        if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            return None
+        try:
+            slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+        except Exception as err:
+            self.log.warning("gpujobs: GPU %d is in MIG mode but NVML cannot count its MIG devices: %s", card, err)
+            return []
+        out: list[tuple[str, str, Any]] = []
+        for k in range(slots):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except Exception:
+                continue  # an empty slot (NVML_ERROR_NOT_FOUND)
+            uuid = self._call(card, f"MIG {k} uuid", nvml.nvmlDeviceGetUUID, mig)
+            if uuid is None:
+                self.log.warning("gpujobs: MIG device %d of GPU %d has no readable UUID; not scheduled", k, card)
+                continue
+            name = self._call(card, f"MIG {k} name", nvml.nvmlDeviceGetName, mig)
+            mem = self._call(card, f"MIG {k} memory", nvml.nvmlDeviceGetMemoryInfo, mig)
+            out.append((_text(uuid), mig_name(card_name, _text(name) if name is not None else None,
+                                               int(mem.total // _MB) if mem is not None else None), mig))
+        return out
 
     def _call(self, index: int, what: str, fn: Any, *args: Any) -> Any:
         """fn(*args), or None when it fails (logged once per GPU and query)."""
@@ -100,8 +189,10 @@ class NVMLBackend(GPUBackend):
         nodes: dict[int, str] | None = getattr(self, "_nodes", None)
         if nodes is None:
             nodes = {}
-            for index, _, _ in self._static:
-                minor = self._call(index, "minor number", self.nvml.nvmlDeviceGetMinorNumber, self._handles[index])
+            for index, _, _ in self._static:  # a MIG instance: its card's node
+                card = self._card_of[index]
+                minor = self._call(card, "minor number", self.nvml.nvmlDeviceGetMinorNumber,
+                                   self._card_handles[card])
                 if minor is not None:
                     nodes[index] = f"/dev/nvidia{int(minor)}"
             self._nodes = nodes
@@ -110,7 +201,6 @@ class NVMLBackend(GPUBackend):
     def _poll_xids(self) -> None:
         if self._events is None:
             return
-        uuids = {uuid: index for index, uuid, _ in self._static}
         for _ in range(64):
             try:
                 event = self.nvml.nvmlEventSetWait(self._events, 0)
@@ -118,8 +208,7 @@ class NVMLBackend(GPUBackend):
                 return  # timeout: no event pending (or not supported)
             try:
                 uuid = _text(self.nvml.nvmlDeviceGetUUID(event.device))
-                index = uuids.get(uuid)
-                if index is not None:
+                for index in self._card_uuids.get(uuid, []):  # a card in MIG mode: all its instances
                     self._last_xid[index] = int(event.eventData)
                     self.log.warning("gpujobs: GPU %d reported Xid %s", index, event.eventData)
             except Exception:
@@ -162,7 +251,7 @@ class NVMLBackend(GPUBackend):
         procs = self.processes()
         out = []
         for index, uuid, _ in self._static:
-            handle = self._handles[index]
+            handle = self._card_handles[self._card_of[index]]  # a MIG instance reads its card's
             total, used, healthy = self._memory(index)
             temp = self._call(index, "temperature", nvml.nvmlDeviceGetTemperature, handle,
                               nvml.NVML_TEMPERATURE_GPU)

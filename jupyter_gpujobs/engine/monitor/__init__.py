@@ -10,7 +10,9 @@ until its condition goes away), logs it, adds a FINDING event to the job concern
 each opened or closed finding to the engine's listeners (`{"type": "finding", "finding":
 {...}}`: the events websocket shows it to the finding's user and admins), drains a
 GPU when the admin policy says so (the inventory's `GPU.draining`, read by the scheduler),
-stops rogue processes under `rogue_policy = "kill"`, and sets `Job.predicted_runtime_s` on
+stops rogue processes under `rogue_policy = "kill"`, runs the share watcher (shares.py: a job
+over its GPU memory share is warned, then stopped through `service.over_share`; it runs even
+with monitoring off, whenever a share job runs), and sets `Job.predicted_runtime_s` on
 active jobs when a prediction is confident.
 """
 
@@ -26,10 +28,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ...model import GPU, Job, JobState, parse_duration
+from ...model import GPU, Job, JobState, is_share, parse_duration
 from ..gpus import GPUBackend, GPUProcess, GPUSample
 from .diagnosis import (
     Finding,
+    ProcessInfo,
     detect_gpu_errors,
     detect_idle_hog,
     detect_oom,
@@ -172,12 +175,15 @@ class Monitor:
         from .metrics import WaitHistogram, make_registry
         from .rogue import ProcessResolver, RogueKiller
         from .sampler import Sampler
+        from .shares import ShareWatcher
 
         self.sampler = Sampler(backend, self.store, host=self.host, raw_keep_s=s.raw_retention_s,
                                minute_keep_s=s.minute_retention_s, hour_keep_s=s.hour_retention_s,
                                idle_threshold=s.idle_hog_threshold)
         self.resolver = ProcessResolver(s.rogue_ignore)
         self.killer = RogueKiller(s.kill_grace_s)
+        self.share_watcher = ShareWatcher(service.shares.grace_s)
+        self._share_warned: set[tuple[int, int]] = set()  # (job id, GPU) warned of being over its share
         self.predictor = RuntimePredictor()
         self.predictions: dict[int, Prediction] = {}
         self.wait_histogram = WaitHistogram()
@@ -227,11 +233,10 @@ class Monitor:
             self._predict(job)
         if self.drained:
             self.service.refresh_inventory(force=True)
-        if not self.settings.enabled:
-            return
-        with carry_on("recording the GPU inventory", self.log):
-            self.sampler.record_inventory(self.backend.inventory(), time.time())
-        self._wake = asyncio.Event()
+        if self.settings.enabled:
+            with carry_on("recording the GPU inventory", self.log):
+                self.sampler.record_inventory(self.backend.inventory(), time.time())
+        self._wake = asyncio.Event()  # (monitoring off: the loop runs the share watcher only)
         self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
@@ -262,12 +267,16 @@ class Monitor:
             finally:
                 timer.cancel()
             wake.clear()
-            with carry_on("diagnosing ended jobs", self.log):
-                self._process_ended()
+            if self.settings.enabled:
+                with carry_on("diagnosing ended jobs", self.log):
+                    self._process_ended()
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.settings.sample_interval
                 with carry_on("GPU monitoring tick", self.log):
-                    self.tick(time.time())
+                    if self.settings.enabled:
+                        self.tick(time.time())
+                    else:
+                        self.watch_shares(time.time())
 
     # ================================================================= engine events
 
@@ -362,7 +371,8 @@ class Monitor:
         self.sampler.tick(now, running)
         self._idle_hogs(now, running)
         self._gpu_errors(now)
-        self._rogues(now, running)
+        infos = self._rogues(now, running)
+        self.watch_shares(now, running, infos)
         self._set_aside(now)
         if now - self._habits_at >= self.settings.habits_interval_s:
             self._habits_at = now
@@ -398,24 +408,34 @@ class Monitor:
                 self.drain(self.host, sample.index, True, "monitor", f"{state.total} errors "
                            f"(drain_after_errors={self.settings.drain_after_errors})")
 
-    def _rogues(self, now: float, running: list[Job]) -> None:
+    def _processes(self) -> list[ProcessInfo] | None:
+        """The processes on this host's GPUs, each with the job it belongs to; None when the
+        backend cannot list them."""
         try:
             processes = self.backend.processes()
         except Exception:
             self.log.exception("gpujobs: listing GPU processes failed")
-            return
-        allocated: dict[int, Job] = {}
-        for job in running:
-            if job.host in (None, self.host):
-                for index in job.assigned_gpus:
-                    allocated[index] = job
+            return None
         supervisors: dict[int, tuple[int, float | None]] = {}
         for job_id, handle in self.service.runner_handles().items():
             if handle.get("pid"):
                 supervisors[int(handle["pid"])] = (job_id, handle.get("create_time"))
-        infos = self.resolver.resolve(processes, supervisors)
+        return self.resolver.resolve(processes, supervisors)
+
+    def _rogues(self, now: float, running: list[Job]) -> list[ProcessInfo] | None:
+        infos = self._processes()
+        if infos is None:
+            return None
+        allocated: dict[int, Job] = {}
+        holding: dict[int, set[int]] = {}  # GPU -> every job holding it (several share one)
+        for job in running:
+            if job.host in (None, self.host):
+                for index in job.assigned_gpus:
+                    allocated.setdefault(index, job)
+                    holding.setdefault(index, set()).add(job.id)
         names = {g.index: g.name for g in self.service.inventory if g.host == self.host}
-        findings = detect_rogues(self.host, infos, allocated, names)
+        own = [p for p in infos if not (p.owner_job is not None and p.owner_job in holding.get(p.gpu_index, ()))]
+        findings = detect_rogues(self.host, own, allocated, names)
         by_key = {f"rogue:{self.host}:{p.gpu_index}:{p.pid}:{int(p.create_time or 0)}": p for p in infos}
         keys = set()
         for finding in findings:
@@ -429,6 +449,39 @@ class Monitor:
             self.report(finding, now, action=action)
         self.killer.forget_missing({(p.pid, p.create_time or 0.0) for p in infos})
         self._resolve_missing("rogue_process", keys, now)
+        return infos
+
+    def watch_shares(self, now: float, running: list[Job] | None = None,
+                     infos: list[ProcessInfo] | None = None) -> None:
+        """The share watcher's reading: a share job over its GPU memory share is warned once,
+        then stopped once over for the grace (`service.over_share`)."""
+        shares = self.service.shares
+        if running is None:
+            running = [j for j in self.service.active_jobs() if j.state is JobState.RUNNING]
+        sharing = [j for j in running if j.host in (None, self.host) and is_share(j)]
+        if not sharing or not shares.watched:
+            self.share_watcher.check(now, [], {}, [])
+            shares.used_mb = {}
+            self._share_warned.clear()
+            return
+        if infos is None:
+            infos = self._processes()
+            if infos is None:
+                return
+        gpus = {g.index: g for g in self.service.inventory if g.host == self.host}
+        overuses = self.share_watcher.check(now, sharing, gpus, infos)
+        shares.used_mb = dict(self.share_watcher.used_mb)
+        over = set()
+        for o in overuses:
+            key = (o.job.id, o.gpu_index)
+            over.add(key)
+            if o.stop:
+                self.log.warning("gpujobs: stopping job %s: %s", o.job.id, o.reason)
+                self.service.over_share(o.job.id, o.reason, stop=True)
+            elif key not in self._share_warned:
+                self._share_warned.add(key)
+                self.service.over_share(o.job.id, o.reason, stop=False)
+        self._share_warned &= over
 
     def _set_aside(self, now: float) -> None:
         """Jobs the scheduler could not handle and set aside (`JobService.set_aside`): one

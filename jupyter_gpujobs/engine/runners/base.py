@@ -12,7 +12,7 @@ from typing import Any, Literal
 #: How a run ended. The service maps these onto final job states.
 OUTCOMES = ("completed", "failed", "timeout", "cancelled", "preempted", "oom", "lost")
 Outcome = Literal["completed", "failed", "timeout", "cancelled", "preempted", "oom", "lost"]
-StopOutcome = Literal["cancelled", "preempted", "timeout"]
+StopOutcome = Literal["cancelled", "preempted", "timeout", "failed"]  # failed: over its GPU share
 
 #: Reason of a run whose supervisor disappeared without leaving a result.
 LOST_REASON = "supervisor process vanished (was the machine rebooted or the process killed?)"

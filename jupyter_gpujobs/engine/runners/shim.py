@@ -4,8 +4,8 @@ The local runner starts one shim per run, in its own session, so the run outlive
 Jupyter server that started it. The shim owns one run from start to result:
 
 - reads `JOB_DIR/spec.json` (written by the runner), builds the job's environment
-  (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, empty for
-  none; CUDA_DEVICE_ORDER=PCI_BUS_ID; GPUJOBS_JOB_ID, GPUJOBS_GPU_UUIDS, GPUJOBS_TIME_LIMIT,
+  (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, MIG-… UUIDs
+  for MIG instances, empty for none; CUDA_DEVICE_ORDER=PCI_BUS_ID; GPUJOBS_JOB_ID, GPUJOBS_GPU_UUIDS, GPUJOBS_TIME_LIMIT,
   GPUJOBS_KILL_GRACE, GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
   command in its own process group with stdout and stderr merged into the log file;
 - becomes a child subreaper (Linux), so descendants that leave the process group or
@@ -121,6 +121,16 @@ def find_oom(log_path: str, start_offset: int = 0) -> str | None:
     return None
 
 
+def visible_devices(indices: Sequence[int], uuids: Sequence[str]) -> str:
+    """CUDA_VISIBLE_DEVICES of a job: the index of each whole GPU, the UUID of each MIG
+    instance ("MIG-…"), which CUDA addresses by UUID only."""
+    out = []
+    for n, index in enumerate(indices):
+        uuid = uuids[n] if n < len(uuids) else ""
+        out.append(uuid if uuid.startswith("MIG-") else str(int(index)))
+    return ",".join(out)
+
+
 def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
     """The environment of the job: the shim's own, the request's additions, then the
     variables the runner guarantees (which the additions cannot override)."""
@@ -133,7 +143,7 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
     for key in ("GPUJOBS_FAKE", "GPUJOBS_FAKE_GPU_USE"):
         env.pop(key, None)  # never inherit a fake-GPU marker from the server
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
-    indices = ",".join(str(int(i)) for i in spec.get("gpu_indices") or [])
+    indices = visible_devices(spec.get("gpu_indices") or [], spec.get("gpu_uuids") or [])
     limit = spec.get("time_limit_s")
     env.update({
         "CUDA_VISIBLE_DEVICES": indices,
