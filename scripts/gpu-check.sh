@@ -8,7 +8,7 @@
 # machine already has is used), installs the project into it (offline from DIR when
 # --wheels is given), starts a Jupyter server with the extension on the NVML backend, and
 # prints one line per check, "PASS|FAIL|SKIP <name> <detail>", then a summary line. It exits
-# 1 when a check failed. The whole run is bounded to under 5 minutes.
+# 1 when a check failed. The whole run is bounded to under 6 minutes.
 #
 # Checks:
 #   inventory        the NVML inventory (GET gpus) matches
@@ -21,7 +21,14 @@
 #   fence            a job given one GPU opens its /dev/nvidiaN and gets EPERM on every other GPU's
 #                    node (device cgroup); SKIP on a 1-GPU machine or where GET gpus says
 #                    "GPU fence: none" (not root, no writable devices cgroup)
-# The checks that need PyTorch are SKIPped when it cannot be imported.
+#   process-memory   NVML reports the used memory of a process that holds 1 GiB through cuMemAlloc
+#                    (python -m jupyter_gpujobs.gpualloc: ctypes and libcuda, no framework)
+#   mig              where a GPU is in MIG mode: GET gpus lists exactly the MIG-... UUIDs of
+#                    nvidia-smi -L, and a job asking for the first one's profile gets
+#                    CUDA_VISIBLE_DEVICES=<its MIG UUID> and can allocate there; SKIP without MIG
+#   over-share       a job with a 1G GPU memory share that allocates 3 GiB ends FAILED with
+#                    "used N GB of its 1 GB share on GPU i" (and a WARNING event before)
+# The checks that need PyTorch are SKIPped when it cannot be imported; the last three need none.
 #
 # Preparing DIR on a machine with network (same OS, CPU architecture and Python minor
 # version as the GPU machine), from the repository root:
@@ -37,7 +44,7 @@ WHEELS=""
 PYTHON="${PYTHON:-python3}"
 KEEP=0
 DRY=0
-BUDGET=290 # seconds for the whole run: set-up, server and checks
+BUDGET=350 # seconds for the whole run: set-up, server and checks
 
 usage() { sed -n '2,/^set -uo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -61,6 +68,9 @@ CHECKS=(
   "time-limit-frees|a job holding GPU memory with a 10s time limit ends TIMEOUT; nvidia-smi shows the memory freed"
   "rogue|a process started outside the queue on a GPU appears in GET findings?kind=rogue_process"
   "fence|a job given GPU i opens /dev/nvidia<minor of i>; the other GPUs' nodes fail with EPERM"
+  "process-memory|NVML usedGpuMemory of a process holding 1 GiB via cuMemAlloc (gpualloc, no framework)"
+  "mig|with MIG: GET gpus MIG UUIDs == nvidia-smi -L; a --type <profile> job gets CUDA_VISIBLE_DEVICES=MIG-..."
+  "over-share|a gpu_memory=1G job allocating 3 GiB ends FAILED: 'used N GB of its 1 GB share on GPU i'"
 )
 
 if [ "$DRY" = 1 ]; then
@@ -71,7 +81,7 @@ if [ "$DRY" = 1 ]; then
   else
     echo "  install: pip install $REPO (needs network)"
   fi
-  echo "  server:  jupyter server without GPUJOBS_FAKE_GPUS (NVML backend), --GPUJobs.sample_interval=1"
+  echo "  server:  jupyter server without GPUJOBS_FAKE_GPUS (NVML backend), --GPUJobs.sample_interval=1 --GPUJobs.share_grace=2"
   for c in "${CHECKS[@]}"; do
     printf '  check %-17s %s\n' "${c%%|*}" "${c#*|}"
   done
@@ -132,7 +142,7 @@ env -u GPUJOBS_FAKE_GPUS -u GPUJOBS_URL -u GPUJOBS_TOKEN \
   "$VPY" -m jupyter_server --no-browser --ip=127.0.0.1 --port="$PORT" --port-retries=0 \
   --IdentityProvider.token="$TOKEN" --ServerApp.root_dir="$WORK/root" \
   --ServerApp.jpserver_extensions=jupyter_gpujobs=True --GPUJobs.state_dir="$WORK/state" \
-  --GPUJobs.sample_interval=1 --GPUJobs.kill_grace=2 --GPUJobs.tick_interval=0.5 \
+  --GPUJobs.sample_interval=1 --GPUJobs.kill_grace=2 --GPUJobs.tick_interval=0.5 --GPUJobs.share_grace=2 \
   --allow-root >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 
@@ -214,10 +224,11 @@ def main():
     print(f"gpu-check: isolation: {isolation}", flush=True)
 
     # ---- inventory
-    rows = [r.split(", ") for r in smi("--query-gpu=index,uuid,name,memory.total",
+    # (a GPU in MIG mode is not schedulable itself: its MIG instances are, see the mig check)
+    rows = [r.split(", ") for r in smi("--query-gpu=index,uuid,name,memory.total,mig.mode.current",
                                           "--format=csv,noheader,nounits").strip().splitlines()]
-    want = [(int(i), u.strip(), n.strip(), float(m)) for i, u, n, m in rows]
-    got = [(g["index"], g["uuid"], g["name"], float(g["memory_total_mb"])) for g in api_gpus]
+    want = [(int(i), u.strip(), n.strip(), float(m)) for i, u, n, m, mig in rows if mig.strip() != "Enabled"]
+    got = [(g["index"], g["uuid"], g["name"], float(g["memory_total_mb"])) for g in api_gpus if not g.get("mig")]
     same = len(want) == len(got) and all(
         w[:3] == g[:3] and abs(w[3] - g[3]) <= max(2.0, 0.01 * w[3]) for w, g in zip(want, got))
     report("PASS" if same else "FAIL", "inventory",
@@ -225,6 +236,9 @@ def main():
            else f"nvidia-smi {want} != API {got}")
 
     fence_check(api_gpus, isolation)
+    process_memory_check(api_gpus)
+    mig_check(api_gpus)
+    over_share_check()
 
     has_torch = subprocess.run([PY, "-c", "import torch; assert torch.cuda.is_available()"],
                                capture_output=True, timeout=120).returncode == 0
@@ -345,6 +359,7 @@ def main():
 
 def fence_check(api_gpus, isolation):
     """A 1-GPU job opens every GPU's device node: its own opens, the others give EPERM."""
+    api_gpus = [g for g in api_gpus if not g.get("mig")]  # whole GPUs: one device node each
     if len(api_gpus) < 2:
         report("SKIP", "fence", "needs 2 or more GPUs")
         return
@@ -382,6 +397,97 @@ def fence_check(api_gpus, isolation):
     report("PASS" if ok else "FAIL", "fence",
            f"given GPU {end_job['assigned_gpus'][0]} (/dev/nvidia{mine}: {opened.get(mine)}); "
            f"other nodes: {', '.join(f'nvidia{m}: {r}' for m, r in sorted(others.items()))}")
+
+
+def process_memory_check(api_gpus):
+    """A process holding 1 GiB through cuMemAlloc: NVML's per-process used memory says so."""
+    import pynvml
+
+    whole = [g for g in api_gpus if not g.get("mig")]
+    if not whole:
+        report("SKIP", "process-memory", "no whole GPU (every GPU is in MIG mode)")
+        return
+    gpu = whole[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUJOBS_")}
+    env.update({"CUDA_VISIBLE_DEVICES": str(gpu["index"]), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    proc = subprocess.Popen([PY, "-m", "jupyter_gpujobs.gpualloc", "1G", "--seconds", "40"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if not line.startswith("gpualloc: holding"):
+            report("FAIL", "process-memory", f"gpualloc did not hold the memory: {line or proc.poll()}")
+            return
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu["index"])
+            found, seen = None, []
+            for _ in range(20):
+                seen = [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+                found = next((m for pid, m in seen if pid == proc.pid), None)
+                if found is not None:
+                    break
+                time.sleep(0.5)
+        finally:
+            pynvml.nvmlShutdown()
+        if found is None:  # in a container NVML may give the host's pid
+            near = [m / 2**20 for _, m in seen if isinstance(m, int) and 1024 <= m / 2**20 <= 4096]
+            report("PASS" if near else "FAIL", "process-memory",
+                   f"pid {proc.pid} not among NVML's {[p for p, _ in seen]} (another pid namespace?); "
+                   + (f"a process holds {near[0]:.0f} MiB" if near else "no process holds ~1 GiB"))
+            return
+        mib = found / 2**20 if isinstance(found, int) else 0
+        ok = 1024 <= mib <= 4096
+        report("PASS" if ok else "FAIL", "process-memory",
+               f"GPU {gpu['index']}: NVML says pid {proc.pid} uses {mib:.0f} MiB (1024 MiB allocated + its context)")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def mig_check(api_gpus):
+    """Where MIG is on: the API's MIG devices are nvidia-smi's, and a job gets its MIG UUID."""
+    listed = [x.split("UUID:")[1].strip(" )") for x in smi("-L").splitlines() if "MIG" in x and "UUID:" in x]
+    api_migs = [g for g in api_gpus if g.get("mig")]
+    if not listed and not api_migs:
+        report("SKIP", "mig", "no GPU in MIG mode here (the engine never changes MIG settings)")
+        return
+    if sorted(listed) != sorted(g["uuid"] for g in api_migs):
+        report("FAIL", "mig", f"nvidia-smi -L MIG UUIDs {sorted(listed)} != API {sorted(g['uuid'] for g in api_migs)}")
+        return
+    profile = api_migs[0]["name"].split()[-1]
+    code = ("import os, subprocess, sys\n"
+            "print('VISIBLE', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+            "sys.exit(subprocess.call([sys.executable, '-m', 'jupyter_gpujobs.gpualloc', '256M', '--seconds', '1']))")
+    job = submit(code, gpu_type=profile, time_limit="1m", name="gpu-check-mig")
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST", "CANCELLED"), 60)
+    given = {g["index"]: g["uuid"] for g in api_migs}.get((end_job.get("assigned_gpus") or [None])[0])
+    visible = next((x.split()[1] for x in log(job["id"]).splitlines() if x.startswith("VISIBLE ")), None)
+    ok = end_job["state"] == "COMPLETED" and given is not None and visible == given
+    report("PASS" if ok else "FAIL", "mig",
+           f"{len(api_migs)} MIG instance(s) ({', '.join(sorted({g['name'] for g in api_migs}))}); a --type {profile} "
+           f"job got CUDA_VISIBLE_DEVICES={visible} (its instance {given}), ended {end_job['state']}: "
+           f"{end_job['reason']}")
+
+
+def over_share_check():
+    """A job asking for 1G of one GPU's memory that allocates 3 GiB is stopped with the reason."""
+    import re
+
+    try:
+        job = call("POST", "jobs", json={"command": [PY, "-m", "jupyter_gpujobs.gpualloc", "3G"], "gpus": 1,
+                                         "gpu_memory": "1G", "time_limit": "2m", "name": "gpu-check-share"})
+    except httpx.HTTPStatusError as err:
+        report("FAIL", "over-share", f"the server refused a share job: {err.response.text[:200]}")
+        return
+    end_job = wait(job["id"], ("COMPLETED", "FAILED", "TIMEOUT", "LOST", "CANCELLED"), 60)
+    events = call("GET", f"jobs/{job['id']}/events")["events"]
+    warned = any(e["state"] == "WARNING" and "over its GPU share" in (e["reason"] or "") for e in events)
+    reason = end_job["reason"] or ""
+    ok = (end_job["state"] == "FAILED" and re.fullmatch(r"used [0-9.]+ GB of its 1 GB share on GPU \d+", reason)
+          and warned)
+    report("PASS" if ok else "FAIL", "over-share",
+           f"job {end_job['state']}: {reason!r}; warned first: {'yes' if warned else 'no'}; "
+           f"log: {log(job['id']).strip()[-200:]!r}")
 
 
 try:

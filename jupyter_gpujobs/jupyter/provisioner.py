@@ -62,6 +62,8 @@ _TASKS: set[asyncio.Task[Any]] = set()
 _CLIENTS: dict[tuple[str | None, str | None, int], AsyncGPUJobsClient] = {}
 #: Engine URL -> {GPU index: uuid} and whether its GPUs are fake (the inventory does not change).
 _GPU_INFO: dict[str, tuple[dict[int, str], bool]] = {}
+#: Engine URL -> {GPU index: memory MB}, for the memory hints of a kernel on a share of a GPU.
+_GPU_MEMORY: dict[str, dict[int, int]] = {}
 
 
 class GPUKernelStartError(web.HTTPError):
@@ -356,9 +358,11 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not all(i in uuids for i in job["assigned_gpus"]):
             try:
                 answer = await client.gpu_report()
-                uuids = {int(g["index"]): str(g["uuid"]) for g in answer["gpus"] if g.get("host") in (None, job.get("host"))}
+                mine = [g for g in answer["gpus"] if g.get("host") in (None, job.get("host"))]
+                uuids = {int(g["index"]): str(g["uuid"]) for g in mine}
                 fake = answer.get("backend") == "fake"
                 _GPU_INFO[client.url] = (uuids, fake)
+                _GPU_MEMORY[client.url] = {int(g["index"]): int(g.get("memory_total_mb") or 0) for g in mine}
             except (GPUJobsError, KeyError, TypeError, ValueError):
                 pass
         if all(i in uuids for i in job["assigned_gpus"]):
@@ -366,6 +370,15 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             # a MIG instance is addressed by its UUID only
             visible = ",".join(uuids[i] if uuids[i].startswith("MIG-") else str(i) for i in job["assigned_gpus"])
             env["CUDA_VISIBLE_DEVICES"] = env["NVIDIA_VISIBLE_DEVICES"] = visible
+        total_mb = _GPU_MEMORY.get(client.url, {}).get(job["assigned_gpus"][0], 0) if job["assigned_gpus"] else 0
+        if total_mb and (job.get("share") is not None or job.get("gpu_memory") is not None):
+            # a share of one GPU: the memory hints a script job gets (engine/shares.py)
+            from ..engine.shares import share_environment
+
+            total = total_mb << 20
+            limit = int(job["gpu_memory"]) if job.get("gpu_memory") is not None else int(float(job["share"]) * total)
+            hints, facts = share_environment(limit, total, job.get("share"))
+            env.update({**hints, **facts})
         self._fake_gpus = fake
         if self._fake_gpus and self.mark_fake_gpu_use:
             env["GPUJOBS_FAKE"] = "1"  # the fake backend sees the kernel on its GPUs
