@@ -167,11 +167,13 @@ class Delivery:
 
     @property
     def destination(self) -> str:
-        """What takes it, as the log names it (a mail server, a webhook's host: never a
-        webhook's path, which often holds its secret)."""
+        """What takes it, as the log names it: the mail server, or a webhook's host and port
+        (never its path, which often holds its secret). One destination takes one message at
+        a time; a destination that hangs holds up no other."""
         if self.channel == "email":
             return "mail server"
-        return f"webhook host {urlsplit(self.to).hostname}"
+        url = urlsplit(self.to)
+        return f"webhook host {url.hostname}" + (f":{url.port}" if url.port else "")
 
 
 class Permanent(Exception):
