@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .client import GPUJobsClient, GPUJobsError
-from .model import InvalidInput, format_duration, format_relative, safe_text
+from .model import InvalidInput, format_duration, format_expected_start, format_relative, safe_text
 
 
 class UsageError(Exception):
@@ -38,6 +38,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _ago(t: float | None, now: float) -> str:
     return format_relative(t, now, "-")
+
+
+def _starts(job: dict[str, Any], now: float) -> str:
+    """A pending job's expected start: "about 13:40 (in 4m)" (a prediction) or "by 14:05 at
+    the latest (in 29m)" (a bound from time limits)."""
+    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now)
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
@@ -70,7 +76,7 @@ def format_jobs(jobs: list[dict[str, Any]], now: float) -> str:
         if j["state"] == "RUNNING":
             when = f"{format_duration(now - j['started_at'])}/{format_duration(j['time_limit_s'])}"
         elif j["state"] == "PENDING":
-            when = "starts " + _ago(j.get("expected_start"), now) if j.get("expected_start") else "-"
+            when = "starts " + _starts(j, now) if j.get("expected_start") else "-"
         else:
             when = "ended " + _ago(j.get("ended_at"), now)
         rows.append([str(j["id"]), j["user"], j.get("name") or "-", j["state"], gpus_text(j), j["priority"],
@@ -82,7 +88,7 @@ def format_queue(jobs: list[dict[str, Any]], now: float) -> str:
     rows = []
     for j in jobs:
         rows.append([str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", gpus_text(j),
-                     j["priority"], _ago(j.get("expected_start"), now) if j.get("expected_start") else "unknown",
+                     j["priority"], _starts(j, now),
                      j.get("reason") or ""])
     return _table(rows, ["POS", "ID", "USER", "NAME", "GPUS", "PRIORITY", "EXPECTED START", "REASON"])
 

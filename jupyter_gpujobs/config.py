@@ -300,8 +300,11 @@ class GPUJobs(Configurable):
     failure_streak = Integer(3, config=True, help="Failures in a row of one user's job that make a finding.")
     oom_memory_fraction = Float(0.95, config=True,
                                 help="A failed job whose GPU memory peaked at this fraction of a card ran out of memory.")
-    use_predictions = Bool(False, config=True,
-                           help="Let backfill use confident runtime predictions instead of time limits.")
+    use_predictions = Bool(True, config=True,
+                           help="Expected starts use confident runtime predictions from history where they "
+                                "give an earlier start than the time limits (shown as a prediction, 'about "
+                                "13:40'; otherwise as a bound, 'by 14:05 at the latest'). Starts, backfill "
+                                "and reservations always follow the time limits.")
     share_grace = Union([Integer(), Unicode()], default_value="10s", config=True,
                         help="How long a job holding a share of a GPU may use more GPU memory than its share "
                              "before the engine stops it (it is warned when first seen over).")
@@ -317,7 +320,7 @@ class GPUJobs(Configurable):
                                "/var/log/jupyter-gpujobs/mps for a root engine, else mps/log in the state dir.")
     predict_min_confidence = Float(0.6, config=True,
                                    help="Runtime predictions at least this confident set Job.predicted_runtime_s "
-                                        "(used by backfill when use_predictions is on).")
+                                        "(used by expected starts when use_predictions is on).")
     # notifications outside Lab (engine/notify.py; docs/notifications.md)
     notify_smtp_host = Unicode("", config=True,
                                help="Mail server for e-mail notifications; empty: no e-mail (webhooks only).")

@@ -9,6 +9,7 @@ can answer 400 with a message a person can act on.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
@@ -160,6 +161,25 @@ def format_relative(t: float | None, now: float, unknown: str = "-") -> str:
     if abs(delta) < 1:
         return "now"
     return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
+
+
+def format_expected_start(t: float | None, kind: str | None, now: float, unknown: str = "unknown") -> str:
+    """An expected start as a user should read it: a prediction from runtimes as `"about 13:40
+    (in 4m)"`, a bound from time limits as `"by 14:05 at the latest (in 29m)"` (local clock;
+    the weekday or date when it is not within the next 20 hours), `"now"` when it is due."""
+    if not t:
+        return unknown
+    if t - now < 1:
+        return "now"
+    local = time.localtime(t)
+    if t - now < 20 * 3600:
+        clock = time.strftime("%H:%M", local)
+    elif t - now < 6 * 86400:
+        clock = time.strftime("%a %H:%M", local)
+    else:
+        clock = time.strftime("%b %d %H:%M", local)
+    rel = format_relative(t, now)
+    return f"about {clock} ({rel})" if kind == "prediction" else f"by {clock} at the latest ({rel})"
 
 
 def parse_gpu_count(value: Any, field_name: str = "gpus") -> int:
@@ -606,8 +626,10 @@ class Policy:
     # deferral
     offpeak_windows: tuple[OffpeakWindow, ...] = ()
     utc_offset_s: int = 0  # local time of the off-peak windows = UTC + offset
-    # runtime prediction: use predicted runtimes (when present on the job) for backfill
-    use_predictions: bool = False
+    # expected starts from predicted runtimes (Job.predicted_runtime_s, set when confident) where
+    # those are earlier than the time limits' start (Plan.predicted); starts and reservations
+    # always follow the time limits
+    use_predictions: bool = True
     # scheduler knobs added with the scheduler package (see docs/scheduling.md)
     strict_classes: bool = True  # a higher class always goes first; False: class is one weighted factor
     fairshare_default_share: float = 1.0  # share of users/groups not in user_shares/group_shares

@@ -222,7 +222,9 @@ def test_second_cell_waits_for_the_only_gpu_and_shows_its_position(server: Any, 
                     client.cancel(blocker["id"])
         assert kernel.reply(msg_id)["status"] == "ok"
     pending = [s for s in statuses if "position 1 in the queue" in s]
-    assert pending and "PENDING" in pending[0] and "expected start in" in pending[0]
+    # nothing ran before: a bound from the blocker's time limit, not a prediction
+    assert pending and "PENDING" in pending[0] and "expected start by " in pending[0], pending[0]
+    assert "at the latest (in " in pending[0]
     assert any("RUNNING on GPU 0" in s for s in statuses)
     assert "COMPLETED" in statuses[-1]
     assert kernel.value("done") == "True"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from jupyter_gpujobs.model import (
@@ -9,6 +11,7 @@ from jupyter_gpujobs.model import (
     InvalidInput,
     Policy,
     format_duration,
+    format_expected_start,
     gpu_matches_type,
     parse_array,
     parse_dependencies,
@@ -38,6 +41,22 @@ def test_bad_durations_name_the_field(bad: object) -> None:
 def test_format_duration_round_trips() -> None:
     for seconds in (5, 60, 5400, 86400 + 3600):
         assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_expected_starts_say_whether_they_are_a_bound_or_a_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        now = 1_700_000_000.0  # Tue 14 Nov 2023 22:13:20 UTC
+        assert format_expected_start(now + 294, "bound", now) == "by 22:18 at the latest (in 4m54s)"
+        assert format_expected_start(now + 57, "prediction", now) == "about 22:14 (in 57s)"
+        assert format_expected_start(now + 2 * 86400, "prediction", now) == "about Thu 22:13 (in 2d)"
+        assert format_expected_start(now + 30 * 86400, "bound", now) == "by Dec 14 22:13 at the latest (in 30d)"
+        assert format_expected_start(now - 5, "bound", now) == "now"
+        assert format_expected_start(None, None, now) == "unknown"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 def test_fake_gpu_spec() -> None:

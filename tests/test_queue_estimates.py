@@ -61,6 +61,8 @@ async def test_deep_jobs_get_estimates_and_new_urgent_jobs_their_place(api: Any,
     starts = [j["expected_start"] for j in jobs]
     assert starts == sorted(starts) and starts[0] > t0 and starts[-1] > starts[1]
     assert [j["reason"] for j in jobs] == ["waiting for 1 free GPU"] * 6, [j["reason"] for j in jobs]
+    # no history: every estimate is a bound from time limits, in reserved and deep jobs alike
+    assert [j["expected_start_kind"] for j in jobs] == ["bound"] * 6
 
     # decide-only cycles run in between, and keep what the estimating cycle showed
     cycles = len(engine.cycle_seconds)

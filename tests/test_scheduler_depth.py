@@ -128,7 +128,7 @@ def test_predictions_change_estimates_only() -> None:
                    started_at=NOW - 100, time_limit_s=3600, predicted_runtime_s=200.0 * (i + 1)) for i in range(4)]
     pending = [job(i, gpus=1 + i % 2, limit=3600, predicted_runtime_s=300.0) for i in range(1, 12)]
     for depth in (None, 2):
-        plain = schedule(NOW, pending, running, gpus(1, 4), replace(PLAIN, reservation_depth=depth))
+        plain = schedule(NOW, pending, running, gpus(1, 4), replace(PLAIN, reservation_depth=depth, use_predictions=False))
         pred = schedule(NOW, pending, running, gpus(1, 4), replace(PLAIN, reservation_depth=depth, use_predictions=True))
         assert pred.starts == plain.starts and pred.order == plain.order and pred.reasons == plain.reasons
         for jid, est in pred.expected_start.items():

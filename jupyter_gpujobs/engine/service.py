@@ -189,6 +189,7 @@ class JobService:
         # the last estimating cycle: every pending job's expected start, and the priority order
         # it calculated (the cycles in between keep that order and decide only)
         self._estimates: dict[int, float | None] = {}
+        self._estimates_predicted: set[int] = set()  # of those, the predictions (the rest are bounds)
         self._estimated_at = -float("inf")
         self._estimated_newest = 0  # the newest pending job id then
         self._inventory: list[GPU] = []
@@ -601,12 +602,19 @@ class JobService:
         reason = job.reason
         position = None
         expected = None
+        kind = None
         if job.state is JobState.PENDING:
             if self._positions is None:
                 self._positions = {jid: i + 1 for i, jid in enumerate(self._waiting)}
             position = self._positions.get(job.id)
             reason = self._plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
-            expected = self._plan.expected_start.get(job.id, self._estimates.get(job.id))
+            plan = self._plan
+            if job.id in plan.expected_start:
+                expected, predicted = plan.expected_start[job.id], job.id in plan.predicted
+            else:
+                expected, predicted = self._estimates.get(job.id), job.id in self._estimates_predicted
+            if expected is not None:  # a prediction from runtimes, or a bound from time limits
+                kind = "prediction" if predicted else "bound"
         ends_at, warn_at = self._limit_times(job) if job.state is JobState.RUNNING else (None, None)
         out = {
             "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
@@ -614,6 +622,7 @@ class JobService:
             "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
             "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
             "signal": job.signal, "reason": reason, "position": position, "expected_start": expected,
+            "expected_start_kind": kind,
             "priority": job.priority, "group": job.group, "preemptible": job.preemptible,
             "borrowed": job.borrowed, "command": job.command, "cwd": job.cwd, "payload": job.payload,
             "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
@@ -1367,6 +1376,7 @@ class JobService:
         self.schedule_seconds = time.perf_counter() - t_plan
         if estimate:
             self._estimates, self._estimated_at, self._estimated_newest = plan.expected_start, now, newest
+            self._estimates_predicted = plan.predicted
         self._plan = plan
         self._plan_at = now
         started = {st.job_id for st in plan.starts}
@@ -1778,7 +1788,7 @@ def _out_of_range(job: Job) -> str | None:
 #: What anyone may see of any job: the queue view (Slurm's PrivateData=jobs).
 PUBLIC_FIELDS = frozenset({
     "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
-    "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "priority",
+    "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "expected_start_kind", "priority",
     "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
     "ends_at", "warn_at", "share", "gpu_memory",
 })

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..model import format_duration, format_relative, safe_text
+from ..model import format_duration, format_expected_start, format_relative, safe_text
 from . import cell_job
 
 
@@ -98,6 +98,11 @@ def _ago(t: float | None, now: float) -> str:
     return format_relative(t, now, "unknown")
 
 
+def _starts(job: dict[str, Any], now: float) -> str:
+    """A pending job's expected start, saying whether it is a prediction or a bound."""
+    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now)
+
+
 def describe(job: dict[str, Any], now: float | None = None) -> str:
     """One line on where a job stands: queue position and expected start, GPUs and elapsed time,
     or how it ended."""
@@ -106,7 +111,7 @@ def describe(job: dict[str, Any], now: float | None = None) -> str:
     state = job["state"]
     if state == "PENDING":
         pos = f"position {job['position']} in the queue" if job.get("position") else "queued"
-        start = f"expected start {_ago(job.get('expected_start'), now)}"
+        start = f"expected start {_starts(job, now)}"
         reason = f" ({job['reason']})" if job.get("reason") else ""
         return safe_text(f"{head} PENDING: {pos}, {start}{reason}")
     gpus = ",".join(str(i) for i in job.get("assigned_gpus") or []) or "none"
@@ -156,7 +161,7 @@ def jobs_table(jobs: list[dict[str, Any]], now: float | None = None) -> Table:
         if j["state"] == "RUNNING":
             when = f"{format_duration(now - (j.get('started_at') or now))}/{format_duration(j.get('time_limit_s'))}"
         elif j["state"] == "PENDING":
-            when = "starts " + _ago(j.get("expected_start"), now)
+            when = "starts " + _starts(j, now)
         else:
             when = "ended " + _ago(j.get("ended_at"), now)
         rows.append([str(j["id"]), j["user"], j.get("name") or "-", j["kind"], j["state"], _gpus_text(j),
@@ -173,7 +178,7 @@ def queue_table(jobs: list[dict[str, Any]], now: float | None = None, total: int
     now = time.time() if now is None else now
     note = f"the first {len(jobs)} of {total} pending jobs" if total and total > len(jobs) else ""
     rows = [[str(j.get("position") or "-"), str(j["id"]), j["user"], j.get("name") or "-", _gpus_text(j),
-             j["priority"], _ago(j.get("expected_start"), now), j.get("reason") or ""] for j in jobs]
+             j["priority"], _starts(j, now), j.get("reason") or ""] for j in jobs]
     return Table(["position", "id", "user", "name", "GPUs", "priority", "expected start", "reason"], rows,
                  format_queue(jobs, now) if jobs else "queue is empty", note)
 

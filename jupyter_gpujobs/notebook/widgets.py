@@ -28,7 +28,7 @@ from ..client import FINAL_STATES, GPUJobsClient, GPUJobsError
 from ..model import format_duration, safe_text
 from .cells import (
     GPUJobFailed,
-    _ago,
+    _starts,
     cell_folder_of,
     describe,
     load_error,
@@ -231,7 +231,7 @@ class JobWidget(_LiveWidget):
             self.progress.max = 1.0
             self.progress.value = 0.0
             self.progress.bar_style = ""
-            self.progress.description = f"queued, expected start {_ago(job.get('expected_start'), now)}"
+            self.progress.description = f"queued, expected start {_starts(job, now)}"
         else:
             started = job.get("started_at") or now
             ended = job.get("ended_at") if self.done and job.get("ended_at") else now
