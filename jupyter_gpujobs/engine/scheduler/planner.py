@@ -209,7 +209,7 @@ class _Cycle:
             cl = self.cluster
             self.pred_pools = [sorted(busy.get((cl.pool_host[p], i), now) for _, i in av)
                                for p, av in enumerate(cl.avail)]
-            self.pred_floor: dict[tuple[int, int], float] = {}
+            self.pred_views: dict[int, tuple[list[float] | None, list[float]]] = {}  # `_pred_view`
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
         self.failed_preempt: dict[tuple[str | None, str | None, str | None, str], int] = {}
@@ -1051,34 +1051,49 @@ class _Cycle:
         p = j.predicted_runtime_s
         return limit if p is None or p > limit else max(1.0, p)
 
+    def _pred_view(self, view: View) -> tuple[list[float] | None, list[float]]:
+        """For the line of predicted ends: the heap of a view whose GPUs are all one model (else
+        None), and by GPU count k when the first of its pools has k GPUs that the running jobs
+        leave free on that line (a k-GPU job starts no earlier: packing)."""
+        assert self.pred is not None
+        pools = self.pred_pools
+        packed = [self.now] + [min((pools[p][k - 1] for p in view.pids if len(pools[p]) >= k), default=INF)
+                               for k in range(1, view.max_size + 1)]
+        pv = self.pred_views[id(view)] = (self.pred.single(self.cluster, view), packed)
+        return pv
+
     def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
         """With `use_predictions`: the start on the line of predicted ends (running jobs end at
         their predicted runtime, waiting ones take theirs), never later than `planned` (the
         start its reservation or the time-limit estimate gives). When earlier, the job is in
         `plan.predicted` (its estimate is a prediction, else a bound). Estimates only: no
         reservation depends on a prediction."""
-        assert self.pred is not None
-        if not self.policy.backfill:
-            floor = max(floor, self.pred_last)
         k = j.gpus
-        packed = self.pred_floor.get((id(view), k))
-        if packed is None:
-            pools = self.pred_pools
-            packed = self.pred_floor[(id(view), k)] = min(
-                (pools[p][k - 1] for p in view.pids if len(pools[p]) >= k), default=INF)
-        if packed > floor:
-            floor = packed
-        t = self.pred.take(self.cluster, view, k, self._predicted(j, limit), max(floor, self.now))
-        if not self.policy.backfill:
+        single, packed = self.pred_views.get(id(view)) or self._pred_view(view)
+        if packed[k] > floor:
+            floor = packed[k]
+        if floor < self.now:
+            floor = self.now
+        backfill = self.policy.backfill
+        if not backfill and floor < self.pred_last:
+            floor = self.pred_last
+        p = j.predicted_runtime_s
+        run = limit if p is None or p > limit else (p if p > 1.0 else 1.0)
+        if k == 1 and single is not None:  # AggregateLine.take, inlined for one GPU of one model
+            t = single[0] if single[0] > floor else floor
+            heapreplace(single, t + run)
+        else:
+            assert self.pred is not None
+            t = self.pred.take(self.cluster, view, k, run, floor)
+        if not backfill:
             self.pred_last = t
         if t < planned and self.any_pred:
-            t_is = t
             self.plan.predicted.add(j.id)
         else:
-            t_is = planned
-        if j.predicted_runtime_s is not None:  # (its own runtime moves later starts only)
+            t = planned
+        if p is not None:  # (its own runtime moves later starts only)
             self.any_pred = True
-        return t_is
+        return t
 
     # ------------------------------------------------------------------ cost controls
     def _shape_failed(self, view: View, k: int, gpu_type: str | None, limit: float) -> None:
