@@ -17,7 +17,9 @@ Modelling choices (the trace has no time limits and no hosts):
 - with `policy.use_predictions`, each job's `predicted_runtime_s` comes from the engine's
   `RuntimePredictor` (key: user + GPUs), fed with the runs that ended before its submit;
 - an event time at which no job arrived and every pending job asks for more GPUs than any
-  host has free runs no cycle (it could start nothing; not done when guarantees could preempt).
+  host has free runs no cycle (it could start nothing; not done when guarantees could preempt);
+- advance reservations (`reservations`) are handed to every cycle as on a server; each
+  occurrence's start and end is an event time of its own (a cycle runs there).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .engine.scheduler import Usage, decay_and_add, schedule
-from .model import GPU, Claim, Job, JobState, Policy
+from .engine.scheduler.reservations import occurrences_between
+from .model import GPU, Claim, Job, JobState, Policy, Reservation
 
 LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 
@@ -69,6 +72,7 @@ class TraceJob:
     duration: float
     gpus: int
     gpu_type: str | None = None
+    group: str | None = None
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
@@ -92,6 +96,7 @@ class Result:
     jct: list[float] = field(default_factory=list)
     slowdown: list[float] = field(default_factory=list)
     users: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (wait, slowdown)
+    job_waits: dict[int, float] = field(default_factory=dict)  # job id -> wait before its first start
     predicted_ok: int = 0  # expected start at submit within max(60 s, 10 % of the wait) of the first start
     predicted_1m: int = 0  # ... within 60 s of it
     predicted_n: int = 0
@@ -162,7 +167,8 @@ def cluster(hosts: int, gpus_per_host: int, name: str = "A100") -> list[GPU]:
 
 
 def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_host: int,
-             name: str = "policy", skip_idle: bool = True, min_confidence: float = 0.6) -> Result:
+             name: str = "policy", skip_idle: bool = True, min_confidence: float = 0.6,
+             reservations: Sequence[Reservation] = ()) -> Result:
     """Replay `trace` on hosts x gpus_per_host GPUs under `policy` (`skip_idle`: run no cycle
     where nothing could start; the replay is the same either way, only faster). With
     `policy.use_predictions`, a prediction at least `min_confidence` sure sets a job's
@@ -177,7 +183,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             d, g = d * g / gpus_per_host, gpus_per_host
         duration[t.id] = d
         jobs[t.id] = Job(id=t.id, user=t.user, gpus=g, gpu_type=t.gpu_type, submitted_at=t.submit,
-                         time_limit_s=typical_limit(d), preemptible=False)
+                         time_limit_s=typical_limit(d), preemptible=False, group=t.group)
     res = Result(name, len(todo), len(gpus))
     res.work_gpu_s = sum(duration[i] * jobs[i].gpus for i in duration)
     res.first_submit = todo[0].submit if todo else 0.0
@@ -209,10 +215,19 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
 
         predictor = RuntimePredictor()
     may_preempt = policy.preemption and bool(policy.user_quotas or policy.group_quotas or policy.default_user_quota)
-    while i < len(todo) or ends:
+    # the starts and ends of the reservations' occurrences: event times of their own
+    horizon = res.last_release + 30 * 86400
+    bounds = sorted({t for r in reservations for o in occurrences_between(r, res.first_submit, horizon) for t in o})
+    b = 0
+    while i < len(todo) or ends or (pending and b < len(bounds)):
         t_sub = todo[i].submit if i < len(todo) else math.inf
         t_end = ends[0][0] if ends else math.inf
-        now = min(t_sub, t_end)
+        t_bound = bounds[b] if b < len(bounds) else math.inf
+        now = min(t_sub, t_end, t_bound)
+        crossed = False
+        while b < len(bounds) and bounds[b] <= now:
+            b += 1
+            crossed = True
         fresh: list[int] = []
         while ends and ends[0][0] <= now:
             _, jid, run = heapq.heappop(ends)
@@ -240,10 +255,11 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         last_t = now
         if not pending:
             continue
-        if skip_idle and not fresh and not may_preempt and min(sizes) > max(free_on.values()):
+        if skip_idle and not fresh and not crossed and not may_preempt and min(sizes) > max(free_on.values()):
             res.skipped += 1
             continue
-        plan = schedule(now, pending, list(running.values()), gpus, policy, usage, finished, claims=claims)
+        plan = schedule(now, pending, list(running.values()), gpus, policy, usage, finished, claims=claims,
+                        reservations=reservations)
         claims = [Claim(by, (), now) for by in dict.fromkeys(p.by_job_id for p in plan.preemptions)]
         res.cycles += 1
         started_now = {s.job_id for s in plan.starts}
@@ -272,7 +288,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             first_start.setdefault(job.id, now)
             runs[job.id] = runs.get(job.id, 0) + 1
             heapq.heappush(ends, (now + duration[job.id], job.id, runs[job.id]))
-        if not plan.starts and not ends and i >= len(todo) and pending:
+        if not plan.starts and not ends and i >= len(todo) and pending and b >= len(bounds):
             break  # nothing can ever start (e.g. a job wider than every host)
     for jid, at in predicted.items():
         if jid in first_start:
@@ -306,6 +322,7 @@ def _started(job: Job, now: float) -> float:
 def _record(res: Result, job: Job, start: float, end: float, duration: float) -> None:
     wait = start - job.submitted_at
     res.wait.append(wait)
+    res.job_waits[job.id] = wait
     res.jct.append(end - job.submitted_at)
     sd = max(1.0, (wait + duration) / max(duration, 10.0))
     res.slowdown.append(sd)

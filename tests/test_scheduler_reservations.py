@@ -185,3 +185,59 @@ def test_validate_reservation_names_the_wrong_field() -> None:
         with pytest.raises(InvalidInput) as e:
             validate_reservation(body, NOW, gpus())
         assert e.value.field == field, (body, e.value)
+
+
+def test_an_occurrence_days_ahead_keeps_its_gpus_without_hiding_them_before() -> None:
+    res = [vision(NOW + 3 * 86400, hours=24, n=1)]  # GPU 0, in three days
+    running = [run(10, (1,), ends_in=10 * H)]
+    # two GPUs for an hour: booked for when GPU 1 frees (10 h), on GPU 0 as well
+    plan = schedule(NOW, [job(1, gpus=2, limit=3600)], running, gpus(2), PLAIN, reservations=res)
+    assert plan.expected_start[1] == NOW + 10 * H
+    # a job that would run into the occurrence does not start on GPU 0; a shorter one does
+    plan = schedule(NOW, [job(2, limit=4 * 86400), job(3, limit=86400)], running, gpus(2), PLAIN, reservations=res)
+    assert starts(plan) == {3: (0,)}
+    assert "GPU 0 is reserved for group vision from" in plan.reasons[2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_other_job_ever_runs_into_an_occurrence(seed: int) -> None:
+    """Random queues over four weeks of a weekly and a daily reservation: every start on a
+    reserved GPU of someone who does not hold it ends (by its time limit) before the
+    occurrence begins; holders start inside it only when they end by its end."""
+    import random
+
+    from jupyter_gpujobs.engine.scheduler.reservations import occurrences_between
+
+    rnd = random.Random(seed)
+    inv = gpus(4, "h0") + gpus(4, "h1")
+    res = [vision(NOW + rnd.uniform(0, 86400), hours=rnd.choice([2, 6]), n=rnd.choice([1, 2, 4]), repeat="weekly"),
+           Reservation(id=2, gpus=2, start=NOW + rnd.uniform(0, 86400), duration_s=3 * 3600, repeat="daily",
+                       users=("dave",), host="h1")]
+    policy = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, preemption=False, reservation_depth=3)
+    t, pending, running, n = NOW, {}, {}, 0
+    inside = 0  # holders' starts inside an occurrence
+    while t < NOW + 28 * 86400:
+        for _ in range(rnd.randrange(4)):
+            n += 1
+            user, group = rnd.choice([("alice", None), ("bob", None), ("carol", "vision"), ("dave", None)])
+            pending[n] = Job(id=n, user=user, group=group, gpus=rnd.choice([1, 1, 2, 4]), submitted_at=t,
+                             time_limit_s=rnd.choice([1800, 3600, 4 * 3600, 86400]))
+        plan = schedule(t, pending, list(running.values()), inv, policy, reservations=res)
+        for s in plan.starts:
+            j = pending.pop(s.job_id)
+            running[j.id] = j.replace(state=JobState.RUNNING, started_at=t, host=s.host, assigned_gpus=s.gpus)
+            end = t + (j.time_limit_s or 3600)
+            for r in res:
+                for o_start, o_end in occurrences_between(r, t, end):
+                    occ = [o for o in occurrences([x for x in res if x.id <= r.id], inv, o_start) if o.reservation is r]
+                    if not occ or occ[0].host != s.host or not set(occ[0].gpus) & set(s.gpus):
+                        continue
+                    if r.holds(j.user, j.group) and o_start <= t:
+                        assert end <= o_end, (seed, j, r)
+                        inside += 1
+                    else:
+                        assert end <= o_start, (seed, j, r, t, o_start)
+        t += rnd.choice([600, 1800, 3600, 4 * 3600])
+        for jid in [jid for jid, r in running.items() if r.started_at + r.time_limit_s * rnd.uniform(0.3, 1) <= t]:
+            del running[jid]
+    assert inside > 0

@@ -58,3 +58,43 @@ def test_skipping_idle_event_times_changes_nothing(tmp_path: Path) -> None:
         del a["cycles"], b["cycles"]
         assert a == b, name
     assert skipped > 0
+
+
+def test_a_learned_reservation_saves_its_holders_wait() -> None:
+    """A busy cluster and group vision's Friday habit (4 GPUs at 09:05 for 2.5 h): the detector
+    finds it in the first three weeks; reserved from then on, vision starts at once."""
+    from jupyter_gpujobs.engine.monitor.habits import find_habits
+    from jupyter_gpujobs.model import Job, JobState, Reservation, validate_reservation
+    from jupyter_gpujobs.sim import TraceJob
+
+    monday = 1795996800.0  # 2026-11-30 00:00 UTC
+    week = 7 * 86400
+    trace: list[TraceJob] = []
+    t = monday
+    while t < monday + 5 * week:  # a 2-GPU job of 3 h every 45 minutes: the 8 GPUs stay busy
+        trace.append(TraceJob(len(trace) + 1, f"bg{len(trace) % 3}", t, 3 * 3600, 2))
+        t += 45 * 60
+    holders = []
+    for w in range(5):
+        trace.append(TraceJob(len(trace) + 1, "carol", monday + w * week + 4 * 86400 + 9 * 3600 + 300, 2.5 * 3600, 4,
+                              group="vision"))
+        holders.append(trace[-1].id)
+    trace.sort(key=lambda j: j.submit)
+    policy = POLICIES["default"]
+    before = simulate(trace, policy, hosts=1, gpus_per_host=8)
+
+    learned_at = monday + 3 * week  # what the engine would have seen by the fourth Monday
+    seen = [Job(id=j.id, user=j.user, group=j.group, gpus=j.gpus, submitted_at=j.submit, started_at=j.submit,
+                ended_at=j.submit + j.duration, time_limit_s=typical_limit(j.duration), state=JobState.COMPLETED)
+            for j in trace if j.submit < learned_at]
+    [habit] = [h for h in find_habits(seen, learned_at) if h.name == "vision"]
+    assert (habit.weekday, habit.start_hour, habit.end_hour, habit.gpus) == (4, 9, 14, 4)
+    fields = validate_reservation(habit.reservation_body(), learned_at)
+    reservation = Reservation(id=1, **fields)
+    after = simulate(trace, policy, hosts=1, gpus_per_host=8, reservations=[reservation])
+
+    later = holders[3:]  # the Fridays after it was reserved
+    assert all(before.job_waits[j] > 600 for j in later)
+    assert all(after.job_waits[j] == 0 for j in later)
+    assert all(after.job_waits[j] == before.job_waits[j] for j in holders[:3])
+    assert len(after.job_waits) == len(trace)  # everyone else still ran

@@ -102,20 +102,40 @@ class Cluster:
         self.reserved_text: dict[int, list[str]] = {}  # pool -> its advance reservations, for reasons
         # cards holding shares (shares.py): (pool, index) -> start of the first reservation on it
         self.shared: dict[tuple[int, int], float] = {}
+        # per pool, GPU -> (start, end) of an advance reservation far ahead that their avail
+        # does not show yet (`block` with firm=False): a job started there moves their avail,
+        # and a booking that would run into it makes it firm first (`reserve`)
+        self.soft: list[dict[int, tuple[float, float]]] = [{} for _ in members]
 
-    def block(self, p: int, i: int, start: float, end: float) -> float:
+    def block(self, p: int, i: int, start: float, end: float, firm: bool = True) -> float:
         """Keep GPU i of pool p from `start` to `end` (an advance reservation, before any view
         is made): from now when it has begun, else free until `start` (a hole) for jobs that
-        end before it. Returns when the GPU was free before (now, or its running job's end)."""
+        end before it. Firm: the time line books nothing on it before `end`; not firm (an
+        occurrence far ahead): only the hole keeps it, and bookings may use it before. Returns
+        when the GPU was free before (now, or its running job's end)."""
         av = self.avail[p]
         k = next(n for n, e in enumerate(av) if e[1] == i)
-        before = av.pop(k)[0]
+        before = av[k][0]
         if start <= self.now:
             self.free[p].discard(i)
-        elif i in self.free[p]:
+        else:  # (on a busy card too: shares.py keeps its new shares out of it by the hole)
             self.hole[p][i] = min(self.hole[p].get(i, INF), start)
-        insort(av, (max(before, end), i))
+        soft = self.soft[p]
+        if firm or start <= self.now or i in soft:  # (two far occurrences on one GPU: firm)
+            del av[k]
+            insort(av, (max(before, end, soft.pop(i, (0.0, 0.0))[1]), i))
+        else:
+            soft[i] = (start, end)
         return before
+
+    def _firm(self, p: int, gpus: Sequence[int]) -> None:
+        """Show these GPUs' far reservations on the time line after all (see `soft`)."""
+        av, soft = self.avail[p], self.soft[p]
+        for i in gpus:
+            k = next(n for n, e in enumerate(av) if e[1] == i)
+            t = av.pop(k)[0]
+            insort(av, (max(t, soft.pop(i)[1]), i))
+        self._refresh(p)
 
     # ------------------------------------------------------------------ views
     def view(self, gpu_type: str | None) -> View:
@@ -187,9 +207,10 @@ class Cluster:
         chosen = usable[:k]
         av = self.avail[p]
         moved = False
+        soft = self.soft[p]
         for i in chosen:
             free[p].discard(i)
-            if i not in hp:  # unreserved: it is busy until this job's limit
+            if i not in hp or (i in soft and (self.now, i) in av):  # unreserved: busy until this job's limit
                 av.remove((self.now, i))
                 insort(av, (need, i))
                 moved = True
@@ -213,13 +234,19 @@ class Cluster:
         p = view.pids[kl.index(m)]
         start = m if m >= floor else floor
         av = self.avail[p]
+        end = start + limit
+        soft = self.soft[p]
+        if soft:
+            crossing = [i for _, i in av[:k] if i in soft and end > soft[i][0] and start < soft[i][1]]
+            if crossing:  # it would run into a far reservation: book around it
+                self._firm(p, crossing)
+                return self.reserve(view, k, limit, floor)
         taken = av[:k]
         del av[:k]
-        end = start + limit
         fp, hp = self.free[p], self.hole[p]
         sh = self.shared
         for _, i in taken:
-            if i in fp and i not in hp:
+            if i in fp and start < hp.get(i, INF):
                 hp[i] = start
             if sh and sh.get((p, i), -INF) > start:
                 sh[(p, i)] = start
@@ -234,8 +261,9 @@ class Cluster:
         sh = self.shared
         for i in gpus:
             insort(av, (start + limit, i))
-            if i in self.free[p] and i not in self.hole[p]:
+            if i in self.free[p] and start < self.hole[p].get(i, INF):
                 self.hole[p][i] = start
+            self.soft[p].pop(i, None)
             if sh and sh.get((p, i), -INF) > start:
                 sh[(p, i)] = start
         self.avail[p] = av

@@ -30,7 +30,7 @@ from .placement import INF, AggregateLine, Cluster, View
 from .preemption import VictimIndex, choose_victims, victims_text
 from .priority import QueueOrder
 from .quotas import Limit, Quotas
-from .reservations import HolderLine, gpus_text, occurrences, reserved_text
+from .reservations import AHEAD_S, HolderLine, gpus_text, occurrences, reserved_text
 from .shares import Shares, gpu_bytes, running_weight
 
 
@@ -237,8 +237,9 @@ class _Cycle:
             if p is None:
                 continue
             line = HolderLine(o, p)
+            firm = o.start - now <= AHEAD_S
             for i in o.gpus:
-                line.avail[i] = cl.block(p, i, o.start, o.end)
+                line.avail[i] = cl.block(p, i, o.start, o.end, firm)
                 self.reserved_gpus[(o.host, i)] = max(o.end, self.reserved_gpus.get((o.host, i), o.end))
             cl.reserved_text.setdefault(p, []).append(reserved_text(o, now, self.policy.utc_offset_s, one_host))
             self.holder_lines.append(line)

@@ -6,7 +6,10 @@ each that is running at `now` or comes next, on concrete GPUs. The planner books
 GPU time line as a block from its start to its end for everyone but its holders (so only jobs
 that end before it starts run on its GPUs meanwhile: backfill), and gives the holders the
 block's GPUs inside it (`HolderLine`). Later occurrences of a repeating reservation come into
-view when the current one ends.
+view when the current one ends. An occurrence more than `AHEAD_S` ahead is kept by its free
+GPUs' holes only (no job that would run into it starts there), while the time line still
+books waiting jobs on its GPUs before it: a block weeks ahead would hide them from every
+booking meanwhile.
 
 GPUs: `gpus` healthy GPUs of the reservation's type (and host, when given) on one host: the
 first host (by name) that has enough, its lowest indices, skipping GPUs that an earlier
@@ -23,6 +26,8 @@ from ...model import GPU, Reservation, gpu_matches_type
 from .deferral import clock_text
 
 PERIOD_S = {"daily": 86400, "weekly": 7 * 86400}
+#: how far ahead an occurrence blocks its GPUs on the time line (see the module docstring)
+AHEAD_S = 86400.0
 
 
 def occurrence_at(r: Reservation, now: float) -> tuple[float, float] | None:
