@@ -419,3 +419,28 @@ def test_dispatch_latency(runner: LocalRunner, tmp_path: Path) -> None:
         times.append(float(marker.read_text()) - t0)
     times.sort()
     assert times[len(times) // 2] < 0.5, times
+
+
+def test_a_supervisor_exit_is_reported_on_the_event_loop_at_once(runner: LocalRunner, tmp_path: Path) -> None:
+    """The engine learns of an ended run when its supervisor exits, not at its next poll."""
+    import asyncio
+
+    async def run() -> tuple[float, float]:
+        woke = asyncio.Event()
+        runner.on_exit = woke.set
+        runner.fill_standbys()  # one started ahead, as the engine keeps them, and one not
+        ends = []
+        for job_id in (300, 301):
+            handle = runner.start(_req(tmp_path, job_id, ["sh", "-c", f"sleep 0.3; date +%s.%N > {tmp_path}/end"]))
+            woke.clear()
+            await asyncio.wait_for(woke.wait(), 10)
+            noticed = time.time()
+            assert [e.outcome for e in runner.poll({job_id: handle})] == ["completed"]
+            ends.append(noticed - float((tmp_path / "end").read_text()))
+        return ends[0], ends[1]
+
+    try:
+        lags = asyncio.run(run())
+    finally:
+        runner.on_exit = None
+    assert max(lags) < 1.0, lags  # the engine polls every 50 ms; told at once, it need not

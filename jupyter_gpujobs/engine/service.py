@@ -418,14 +418,21 @@ class JobService:
             self._freed.clear()
 
     async def _poll_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            try:
-                self.poll()
-            except StoreUnavailable as err:
-                self._note_store_trouble(err)
-            except Exception:
-                log.exception("gpujobs: polling job supervisors failed")
+        self.runner.on_exit = self._poll_now  # a supervisor's exit is noticed at once
+        try:
+            while True:
+                await asyncio.sleep(self.poll_interval)
+                self._poll_now()
+        finally:
+            self.runner.on_exit = None
+
+    def _poll_now(self) -> None:
+        try:
+            self.poll()
+        except StoreUnavailable as err:
+            self._note_store_trouble(err)
+        except Exception:
+            log.exception("gpujobs: polling job supervisors failed")
 
     # ================================================================= retention of job files
 

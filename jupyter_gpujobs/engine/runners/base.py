@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -70,6 +71,9 @@ class Runner(abc.ABC):
     #: Whether the runner's own scheduler decides (Slurm): the engine then mirrors it
     #: (engine/mirror.py) instead of running its cycle.
     schedules_itself = False
+    #: Set by the service: called on the event loop when a run may just have ended, so that
+    #: it polls now rather than at its next poll (a runner that cannot tell leaves it unused).
+    on_exit: Callable[[], None] | None = None
 
     def prepare(self, req: LaunchRequest) -> dict[str, Any]:
         """Choose where the run will live, before anything starts: the handle the service

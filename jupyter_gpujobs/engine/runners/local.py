@@ -12,6 +12,12 @@ The handle the service stores is `{"runner": "local", "job_dir", "pid", "create_
 taken for it. `start()` does not wait for anything; `poll()` stats result files and checks
 supervisors' liveness at most every `liveness_interval` seconds, so it can run every 50 ms.
 
+Each supervisor holds the write end of a pipe whose read end the runner watches on the event
+loop: the supervisor exits right after writing its result, the pipe reads EOF, and the runner
+calls `on_exit` (the service polls at once) instead of the engine finding the result at its
+next poll, on average half a `poll_interval` later. Polling stays, for runs reattached after a
+restart and as the safety net.
+
 Supervisors are started ahead of the jobs they will run: the runner keeps `standbys` of them
 waiting (`shim --standby`, as many as GPUs free at once when jobs end together), and a start
 hands one its job dir on stdin instead of waiting for an interpreter to start. `poll()` refills
@@ -20,6 +26,7 @@ them when it finds no job ended, so the refill is not in front of a start.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -66,6 +73,7 @@ class LocalRunner(Runner):
         self.standbys = standbys
         self._standbys: list[subprocess.Popen[bytes]] = []  # oldest first
         self._standby_pythonpath: str | None = None
+        self._exit_pipes: dict[int, int] = {}  # supervisor pid -> read end of its exit pipe
 
     # ------------------------------------------------------------------ start
 
@@ -107,19 +115,17 @@ class LocalRunner(Runner):
             except OSError:  # it died after it was taken (BrokenPipe): start one for this job
                 proc.kill()
                 proc.wait()
+                self._close_exit_pipe(proc.pid)
                 proc = None
         if proc is None:
             with open(job_dir / "shim.log", "wb") as shim_log:
-                proc = subprocess.Popen(
-                    [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", str(job_dir)],
-                    cwd=str(job_dir), env=self._shim_env(pythonpath), stdin=subprocess.DEVNULL, stdout=shim_log,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                )
+                proc = self._spawn_shim([str(job_dir)], str(job_dir), pythonpath, subprocess.DEVNULL, shim_log)
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             create_time = None
         self._children[str(job_dir)] = proc
+        self._watch_exit(proc.pid)
         return {**prepared, "pid": proc.pid, "create_time": create_time, "started_at": time.time()}
 
     def discard(self, handle: dict[str, Any]) -> None:
@@ -186,15 +192,58 @@ class LocalRunner(Runner):
         want = max(0, min(self.standbys, self.MAX_STANDBYS))
         while len(self._standbys) < want:
             try:
-                proc = subprocess.Popen(
-                    [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", "--standby"],
-                    cwd=str(self.state_dir), env=self._shim_env(pythonpath), stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                )
+                proc = self._spawn_shim(["--standby"], str(self.state_dir), pythonpath, subprocess.PIPE,
+                                        subprocess.DEVNULL)
             except OSError:
                 return
             self._standbys.append(proc)
             self._standby_pythonpath = pythonpath
+
+    def _spawn_shim(self, args: list[str], cwd: str, pythonpath: str | None, stdin: Any, out: Any
+                    ) -> subprocess.Popen[bytes]:
+        """A supervisor process (in its own session), given the write end of its exit pipe."""
+        read_end, write_end = os.pipe()
+        try:
+            env = {**self._shim_env(pythonpath), "GPUJOBS_SHIM_EXIT_FD": str(write_end)}
+            proc = subprocess.Popen(
+                [self.python, "-S", "-m", "jupyter_gpujobs.engine.runners.shim", *args], cwd=cwd, env=env,
+                stdin=stdin, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                pass_fds=(write_end,),
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self._exit_pipes[proc.pid] = read_end
+        return proc
+
+    def _watch_exit(self, pid: int) -> None:
+        """Call `on_exit` when supervisor `pid` exits (its exit pipe reads EOF); without an
+        event loop (a plain script) or a callback, polling alone finds its result."""
+        read_end = self._exit_pipes.get(pid)
+        if read_end is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.on_exit is None:
+            self._close_exit_pipe(pid)
+            return
+
+        def exited() -> None:
+            loop.remove_reader(read_end)
+            self._close_exit_pipe(pid)
+            if self.on_exit is not None:
+                self.on_exit()
+
+        loop.add_reader(read_end, exited)
+
+    def _close_exit_pipe(self, pid: int) -> None:
+        read_end = self._exit_pipes.pop(pid, None)
+        if read_end is not None:
+            os.close(read_end)
 
     def _take_standby(self, pythonpath: str | None) -> subprocess.Popen[bytes] | None:
         """A waiting supervisor started with this PYTHONPATH, or None."""
@@ -204,6 +253,7 @@ class LocalRunner(Runner):
             proc = self._standbys.pop(0)
             if proc.poll() is None:
                 return proc
+            self._close_exit_pipe(proc.pid)
         return None
 
     def _close_standbys(self) -> None:
@@ -221,6 +271,7 @@ class LocalRunner(Runner):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            self._close_exit_pipe(proc.pid)
 
     def close(self) -> None:
         """Stop the supervisors waiting for a job (running jobs are not touched)."""

@@ -625,6 +625,13 @@ def standby() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # the write end of the pipe the runner watches: held until this process exits, never by the job
+    exit_fd = os.environ.pop("GPUJOBS_SHIM_EXIT_FD", "")
+    if exit_fd.isdigit():
+        try:
+            os.set_inheritable(int(exit_fd), False)
+        except OSError:
+            pass
     if args == ["--standby"]:
         job_dir = standby()
         if job_dir is None:
