@@ -222,3 +222,14 @@ def test_mig_instance_is_asked_for_by_type_and_addressed_by_uuid(live_server: An
     assert whole_job["assigned_gpus"] == [7] and client.log(whole_job["id"])["data"].split() == ["7", "7"]
     listing = server.cli("gpus").stdout
     assert listing.count("H200 1g.18gb") == 7 and "MIG: 7 instance(s), isolated by the hardware" in listing
+
+
+def test_watcher_runs_with_monitoring_off(live_server: Any) -> None:
+    """`c.GPUJobs.monitor = False` turns off samples and findings, not the enforcement of shares."""
+    server = live_server(fake_gpus="1xT4", config={**FAST, "monitor": False})
+    client = server.client()
+    over = client.submit([*ALLOC, "6G"], gpu_memory="4G", time_limit="2m")
+    ended = wait_job(client, over["id"], ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "LOST"), 30)
+    assert (ended["state"], ended["reason"]) == ("FAILED", "used 6 GB of its 4 GB share on GPU 0")
+    doctor = server.cli("doctor")
+    assert "GPU shares" in doctor.stdout and "for 1s (MPS off)" in doctor.stdout, doctor.stdout
