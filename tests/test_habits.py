@@ -95,3 +95,8 @@ def test_quiet_hours_become_offpeak_windows() -> None:
     assert f is not None and '"mon-sun 20:00-08:00"' in f.message
     w = parse_offpeak("mon-sun 20:00-08:00")  # the config line it suggests reads back
     assert (w.start_hour, w.end_hour, len(w.days)) == (20, 32, 7)
+
+
+def test_steady_demand_at_every_hour_is_no_habit() -> None:
+    jobs = [ended(i, "busy", MONDAY - 4 * WEEK + i * 1800, runtime=3600) for i in range(1, 4 * 7 * 48)]
+    assert find_habits(jobs, NOW) == []

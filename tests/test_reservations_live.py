@@ -102,6 +102,38 @@ async def test_a_learned_weekly_habit_is_proposed_and_accepted(api: Any, engine:
     assert found["findings"] == []
 
 
+async def test_a_user_accepts_a_proposal_for_themselves_only_within_quota(api: Any, engine: Any,
+                                                                         jp_serverapp: Any) -> None:
+    from jupyter_gpujobs.engine.service import PermissionDenied
+
+    monitor = jp_serverapp.web_app.settings["gpujobs_monitor"]
+    now = time.time()
+    day = int(now // 86400)
+    tuesday = (day - ((day + 3) % 7 - 1) % 7) * 86400.0
+    if tuesday + 20 * 3600 > now:
+        tuesday -= 7 * 86400
+    for week in range(3):  # erin: one GPU on Tuesdays at 20:10 for half an hour
+        t = tuesday - week * 7 * 86400 + 20 * 3600 + 600
+        [j] = engine.store.add_jobs([{"command": ["true"], "gpus": 1, "user": "erin", "time_limit_s": 3600}], "erin", t)
+        engine.store.update_job(j.id, state="COMPLETED", submitted_at=t, started_at=t, ended_at=t + 1800)
+    monitor._habits(now)
+    status, found = await api("GET", "findings", params={"kind": "reservation_proposal", "open": "1"})
+    [proposal] = [f for f in found["findings"] if f["user"] == "erin"]
+    assert "user erin runs jobs on 1 GPU every Tuesday 20:00–22:00" in proposal["message"]
+    for who, why in (("mallory", "only admins may accept a proposal for someone else"),
+                     ("erin", "beyond your quota (no GPU limit is set)")):
+        try:
+            engine.accept_reservation_proposal(who, proposal["id"])
+            raise AssertionError("accepted")
+        except PermissionDenied as err:
+            assert why in str(err)
+    admin = next(iter(engine.admin_users))
+    engine.set_quota(admin, "users", "erin", {"max_gpus": 1})
+    made = engine.accept_reservation_proposal("erin", proposal["id"])
+    assert made["users"] == ["erin"] and made["created_by"] == "erin" and made["repeat"] == "weekly"
+    engine.delete_reservation("erin", made["id"])  # whoever made it may remove it
+
+
 async def _running(api: Any, job_id: int) -> dict[str, Any] | None:
     body = await _job(api, job_id)
     return body if body["state"] == "RUNNING" else None

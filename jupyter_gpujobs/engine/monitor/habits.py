@@ -8,6 +8,8 @@ Pure, no I/O and no clock (every input is a plain value):
   the typical end of that demand (median over the weeks of when its last job ended) and its
   size the typical peak of GPUs in use at once. Each `Habit` is proposed as a weekly
   reservation (`proposal_finding`) unless a reservation of that holder covers it already.
+  Someone who asks like that in more than `max_share` of the week's hours has no habit but
+  steady demand (a quota or guarantee fits it, not a reservation): nothing is proposed.
 - `quiet_windows`: the hours of the weekday x hour utilization heatmap that stay below a
   threshold on every day with readings, as off-peak windows to suggest.
 
@@ -92,7 +94,7 @@ def _peak(intervals: list[tuple[float, float, int]]) -> int:
 
 
 def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: int = 0, min_weeks: int = 3,
-                lookback_weeks: int = 8) -> list[Habit]:
+                lookback_weeks: int = 8, max_share: float = 0.25) -> list[Habit]:
     """Recurring demand in the history of ended (or running) jobs (see the module docstring)."""
     since = now - lookback_weeks * WEEK_S
     this_week = int((now + utc_offset_s) // 86400 + 3) // 7
@@ -108,6 +110,10 @@ def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: int = 0, min_week
         key = (kind, name, j.gpu_type, _size_bracket(j.gpus), weekday, hour)
         cells.setdefault(key, {}).setdefault(week, []).append(j)
     frequent = {k: v for k, v in cells.items() if len(v) >= min_weeks and max(v) >= this_week - 2}
+    hours: dict[tuple[str, str, str | None, int], int] = {}  # how many of the week's hours each asks in
+    for key in frequent:
+        hours[key[:4]] = hours.get(key[:4], 0) + 1
+    frequent = {k: v for k, v in frequent.items() if hours[k[:4]] <= max_share * 168}
     habits: list[Habit] = []
     for key in sorted(frequent, key=lambda k: (k[0], k[1], str(k[2]), k[3], k[4], k[5])):
         kind, name, gtype, bracket, weekday, hour = key
