@@ -63,6 +63,10 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 def gpus_text(job: dict[str, Any]) -> str:
     """`2xA100 [0,1]`: what a job asks for and, once running, which GPUs it holds."""
     text = str(job["gpus"])
+    share, memory = job.get("share"), job.get("gpu_memory")
+    if share is not None or memory is not None:  # part of one GPU: 0.25, 20G or 0.25/20G
+        text = "/".join(([f"{share:g}"] if share is not None else [])
+                        + ([f"{memory / (1 << 30):.3g}G"] if memory is not None else []))
     if job.get("gpu_type"):
         text += f"x{job['gpu_type']}"
     if job.get("assigned_gpus"):
@@ -160,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
     def job_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for a CPU job)")
+        sp.add_argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for a CPU job), or a "
+                        "share of one GPU, e.g. 0.25 (a quarter of its memory and time, beside other shares)")
+        sp.add_argument("--gpu-mem", dest="gpu_memory", help="GPU memory on one shared GPU, e.g. 20G")
         sp.add_argument("--type", dest="gpu_type", help="GPU model, e.g. A100")
         sp.add_argument("-t", "--time", dest="time_limit", help="time limit, e.g. 30m, 2h, 1d (default: server's)")
         sp.add_argument("--priority", default=None, help="low, normal, high or urgent")
@@ -272,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     ki = ks_sub.add_parser("install", help="write a kernelspec whose kernels queue for GPUs")
     ki.add_argument("--name", required=True)
     ki.add_argument("--display-name")
-    ki.add_argument("-g", "--gpus", type=int, default=1)
+    ki.add_argument("-g", "--gpus", default="1", help="GPUs of each kernel, or a share of one GPU, e.g. 0.5")
+    ki.add_argument("--gpu-mem", dest="gpu_memory", help="GPU memory of each kernel on one shared GPU, e.g. 16G")
     ki.add_argument("-t", "--time", dest="time_limit", default="4h")
     ki.add_argument("--type", dest="gpu_type")
     ki.add_argument("--priority", default="normal")
@@ -351,12 +358,17 @@ def _client(args: argparse.Namespace) -> GPUJobsClient:
 
 
 def _job_body(args: argparse.Namespace) -> dict[str, Any]:
-    try:
+    gpus: int | float
+    try:  # a whole number, or a share of one GPU (0.25); the server says what is wrong with either
         gpus = int(args.gpus)
     except ValueError:
-        raise UsageError(f"--gpus: expected a whole number, got {args.gpus!r}") from None
+        try:
+            gpus = float(args.gpus)
+        except ValueError:
+            raise UsageError(f"--gpus: expected a number of GPUs (2) or a share of one GPU (0.25), "
+                             f"got {args.gpus!r}") from None
     body: dict[str, Any] = {"gpus": gpus}
-    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus"):
+    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus", "gpu_memory"):
         if getattr(args, key, None) is not None:
             body[key] = getattr(args, key)
     if args.preemptible:

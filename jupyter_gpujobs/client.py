@@ -206,17 +206,19 @@ class _Calls:
         return self._call("GET", "info")
 
     # --- jobs
-    def submit(self, command: str | list[str] | None = None, *, gpus: int = 1, gpu_type: str | None = None,
+    def submit(self, command: str | list[str] | None = None, *, gpus: int | float = 1, gpu_type: str | None = None,
                time_limit: str | int | None = None, priority: str | None = None, name: str | None = None,
                cwd: str | None = None, env: dict[str, str] | None = None, **extra: Any) -> Any:
-        """Submit a job; returns it (state PENDING). `extra`: group, preemptible, requeue, begin,
-        when, depends, array, kind, payload."""
+        """Submit a job; returns it (state PENDING). `gpus`: whole GPUs, or a share of one GPU
+        below 1 (0.25). `extra`: gpu_memory ("20G": memory on one shared GPU), group,
+        preemptible, requeue, begin, when, depends, array, kind, payload, mem, cpus."""
         body = _drop_none({"command": command, "gpus": gpus, "gpu_type": gpu_type, "time_limit": time_limit,
                            "priority": priority, "name": name, "cwd": cwd, "env": env, **extra})
         return self._call("POST", "jobs", body=body)
 
     def submit_notebook(self, notebook: str, *, parameters: dict[str, Any] | None = None,
-                        kernel: str | None = None, output: str | None = None, gpus: int = 1, **options: Any) -> Any:
+                        kernel: str | None = None, output: str | None = None, gpus: int | float = 1,
+                        **options: Any) -> Any:
         """Queue a notebook for execution on allocated GPUs (nbclient, papermill-style parameters).
         The job is named after the notebook (`train` for `exp/train.ipynb`) unless `name` is given."""
         if not options.get("name"):

@@ -65,7 +65,8 @@ def test_cli_errors_are_one_line(live_server: Any) -> None:
     server = live_server(fake_gpus="2xA100")
     cases = [
         (["submit", "-g", "-1", "--", "x"], 1, "gpus"),
-        (["submit", "-g", "1.5", "--", "x"], 2, "--gpus"),
+        (["submit", "-g", "1.5", "--", "x"], 1, "ask for a whole number of GPUs (e.g. 2) or a share of one GPU"),
+        (["submit", "-g", "half", "--", "x"], 2, "--gpus"),
         (["submit", "-t", "soon", "--", "x"], 1, "time_limit"),
         (["submit", "--type", "H100", "--", "x"], 1, "no H100"),
         (["submit", "-g", "1"], 2, "give the command after --"),

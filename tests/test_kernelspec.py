@@ -85,7 +85,9 @@ def test_reinstall_replaces(env: dict[str, str], tmp_path: Path) -> None:
     (["--name", "g", "--priority", "asap"], "error: priority: unknown priority 'asap'"),
     (["--name", "a b"], "error: name: 'a b' is not a valid kernelspec name"),
     (["--name", "g", "--kernel", "nope"], "error: kernel: no kernelspec 'nope' to wrap"),
-    (["--name", "g", "--gpus", "two"], "--gpus: invalid int value"),
+    (["--name", "g", "--gpus", "two"], "error: gpus: expected a whole number of GPUs, got 'two'"),
+    (["--name", "g", "--gpus", "1.5"], "error: gpus: cannot ask for 1.5 GPUs: ask for a whole number of GPUs"),
+    (["--name", "g", "--gpus", "2", "--gpu-mem", "16G"], "error: gpu_memory: asks for memory on one shared GPU"),
 ])
 def test_bad_input_is_one_clear_line(env: dict[str, str], args: list[str], message: str) -> None:
     done = gpujobs(env, "install", "--user", *args)
@@ -114,6 +116,16 @@ def test_build_spec() -> None:
     with pytest.raises(InvalidInput) as err:
         build_spec(wrapped, gpus=1, time_limit="4h", gpu_type=" ")
     assert err.value.field == "gpu_type"
+    half = build_spec(wrapped, gpus="0.5", time_limit="8h")
+    assert half["display_name"] == "Python 3 (0.5 of a GPU, 8h)"
+    assert half["metadata"]["kernel_provisioner"]["config"]["gpus"] == 0.5
+    mem = build_spec(wrapped, gpus=1, time_limit="8h", gpu_memory="16G", gpu_type="A100")
+    assert mem["display_name"] == "Python 3 (16G of A100, 8h)"
+    assert mem["metadata"]["kernel_provisioner"]["config"]["gpu_memory"] == "16G"
+    with pytest.raises(InvalidInput, match="whole number of GPUs"):
+        build_spec(wrapped, gpus=1.5, time_limit="4h")
+    with pytest.raises(InvalidInput, match="cannot go with 2 GPUs"):
+        build_spec(wrapped, gpus=2, time_limit="4h", gpu_memory="16G")
 
 
 def test_list_shows_the_values_in_force(env: dict[str, str], tmp_path: Path) -> None:

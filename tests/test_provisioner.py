@@ -363,8 +363,12 @@ def test_bad_kernelspec_config_fails_with_the_field() -> None:
     assert "time_limit: cannot read duration '4x'" in str(err.value)
     assert "gpus" in str(pytest.raises(GPUKernelStartError, GPUKernelProvisioner(gpus=0)._settings).value)
     ok = GPUKernelProvisioner(gpus="2", time_limit="1h30m", idle_timeout="0", max_wait=None)._settings()
-    assert ok == {"gpus": 2, "gpu_type": None, "time_limit": 5400, "priority": "normal",
-                  "idle_timeout": None, "max_wait": None}
+    assert ok == {"gpus": 2, "share": None, "gpu_memory": None, "gpu_type": None, "time_limit": 5400,
+                  "priority": "normal", "idle_timeout": None, "max_wait": None}
+    half = GPUKernelProvisioner(gpus=0.5, gpu_memory="16G")._settings()
+    assert (half["gpus"], half["share"], half["gpu_memory"]) == (1, 0.5, 16 << 30)
+    assert "share of one GPU below 1" in str(pytest.raises(GPUKernelStartError,
+                                                          GPUKernelProvisioner(gpus=1.5)._settings).value)
 
 
 def test_kernelspec_config_reaches_the_provisioner(tmp_path: Path, monkeypatch: Any) -> None:
@@ -382,8 +386,8 @@ def test_kernelspec_config_reaches_the_provisioner(tmp_path: Path, monkeypatch: 
     assert factory.is_provisioner_available(spec)
     p = factory.create_provisioner_instance("kid", spec, parent=None)
     assert isinstance(p, GPUKernelProvisioner)
-    assert p._settings() == {"gpus": 2, "gpu_type": "A100", "time_limit": 14400, "priority": "normal",
-                             "idle_timeout": 1800, "max_wait": 3600}
+    assert p._settings() == {"gpus": 2, "share": None, "gpu_memory": None, "gpu_type": "A100", "time_limit": 14400,
+                             "priority": "normal", "idle_timeout": 1800, "max_wait": 3600}
 
 
 def test_notice_text_and_which_kernels_get_it() -> None:
@@ -396,3 +400,32 @@ def test_notice_text_and_which_kernels_get_it() -> None:
                                            "it is being shut down.")
     assert _is_ipykernel([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
     assert not _is_ipykernel(["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"])
+
+
+def test_two_kernels_of_a_shared_gpu_kernelspec_run_at_once_on_one_gpu(live_server: Any, kernels: Any) -> None:
+    """A kernelspec with a share (`kernelspec install -g 0.5`, or `--gpu-mem 16G`), as the Lab
+    launcher starts it: two of its kernels run at once on the one GPU, a whole-GPU one waits."""
+    server = live_server(fake_gpus="1xA100-80GB", start=False, extra_args=LEAN)
+    install_spec(server, "python3-half", "-g", "0.5", "--time", "10m", "--max-wait", "1m")
+    install_spec(server, "python3-16g", "--gpu-mem", "16G", "--time", "10m", "--max-wait", "1m")
+    install_spec(server, "python3-gpu", "--gpus", "1", "--time", "10m", "--max-wait", "2s")
+    server.start()
+    client = server.client()
+    k = kernels(server)
+    specs = k.http.get("api/kernelspecs").json()["kernelspecs"]  # what the launcher shows
+    assert specs["python3-half"]["spec"]["display_name"] == "Python 3 (0.5 of a GPU, 10m)"
+    assert specs["python3-16g"]["spec"]["display_name"] == "Python 3 (16G of a GPU, 10m)"
+
+    first, second = k.start_ok("python3-half"), k.start_ok("python3-16g")
+    jobs = {j["name"]: j for j in kernel_jobs(client)}
+    assert jobs["kernel python3-half"]["state"] == jobs["kernel python3-16g"]["state"] == "RUNNING"
+    assert (jobs["kernel python3-half"]["share"], jobs["kernel python3-16g"]["gpu_memory"]) == (0.5, 16 << 30)
+    assert k.evaluate(first, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
+    assert k.evaluate(second, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
+    k.evaluate(first, "os.getpid()")
+    k.evaluate(second, "os.getpid()")
+    # the card holds shares: a whole-GPU kernel waits, and gives up at its maximum wait
+    r = k.start("python3-gpu")
+    assert r.status_code == 503 and "no GPU became free for kernel 'python3-gpu' within 2s" in r.text, r.text
+    for kid in (first, second):
+        assert k.http.delete(f"api/kernels/{kid}").status_code == 204

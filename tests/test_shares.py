@@ -171,7 +171,7 @@ async def test_four_quarter_jobs_run_at_once_on_one_gpu_and_a_whole_job_runs_on_
 
     from servers import wait_for
 
-    code = "import os, time; print('gpu=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(4)"
+    code = "import os, time; print('gpu=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(60)"
     ids = []
     for n in range(4):
         status, body = await api("POST", "jobs", {"command": [sys.executable, "-c", code], "gpus": 0.25,
@@ -186,10 +186,35 @@ async def test_four_quarter_jobs_run_at_once_on_one_gpu_and_a_whole_job_runs_on_
         jobs = [(await api("GET", f"jobs/{i}"))[1] for i in [*ids, whole]]
         return jobs if all(j["state"] == "RUNNING" for j in jobs) else None
 
-    jobs = await wait_for(all_running, timeout=15)
+    jobs = await wait_for(all_running, timeout=30)
     cards = {tuple(j["assigned_gpus"]) for j in jobs[:4]}
     assert len(cards) == 1 and len(next(iter(cards))) == 1, "the four quarters share one card"
     assert tuple(jobs[4]["assigned_gpus"]) not in cards, "the whole-GPU job has a card of its own"
     assert all(j["share"] == 0.25 and "share of GPU" in j["reason"] for j in jobs[:4])
     status, quota = await api("GET", "quota")
     assert status == 200 and quota["running_gpus"] == 2, "four quarters and one whole GPU make 2 GPUs in use"
+    for i in [*ids, whole]:
+        assert (await api("DELETE", f"jobs/{i}"))[0] in (200, 202)
+
+
+def test_the_cli_and_the_cell_magic_ask_for_a_share() -> None:
+    from types import SimpleNamespace
+
+    from jupyter_gpujobs.cli import UsageError, _job_body, build_parser, gpus_text
+    from jupyter_gpujobs.notebook.magics import job_options
+
+    args = build_parser().parse_args(["submit", "-g", "0.25", "--gpu-mem", "20G", "--", "python", "x.py"])
+    assert {k: _job_body(args)[k] for k in ("gpus", "gpu_memory")} == {"gpus": 0.25, "gpu_memory": "20G"}
+    assert _job_body(build_parser().parse_args(["submit", "-g", "1.5", "--", "true"]))["gpus"] == 1.5  # the server says no
+    with pytest.raises(UsageError, match="a share of one GPU"):
+        _job_body(build_parser().parse_args(["submit", "-g", "half", "--", "true"]))
+    assert gpus_text({"gpus": 1, "share": 0.25, "assigned_gpus": [0]}) == "0.25 [0]"
+    assert gpus_text({"gpus": 1, "gpu_memory": 20 * GiB, "gpu_type": "A100"}) == "20GxA100"
+    options = dict(gpus="0.5", gpu_memory="10G", time=None, priority=None, begin=None, mem=None, cpus=None,
+                   when=None, gpu_type=None, group=None, name=None, env=None)
+    body = job_options(SimpleNamespace(**options))
+    assert (body["gpus"], body["gpu_memory"]) == (0.5, "10G")
+    from IPython.core.error import UsageError as MagicUsageError
+
+    with pytest.raises(MagicUsageError, match="--gpu-mem"):
+        job_options(SimpleNamespace(**{**options, "gpu_memory": "lots"}))

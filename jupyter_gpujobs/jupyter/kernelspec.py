@@ -8,6 +8,7 @@ with jupyter_client's `KernelSpecManager.install_kernel_spec`, so it lands where
 
     jupyter gpujobs kernelspec install --name python3-gpu --display-name "Python 3 (1 GPU, 4h)" \\
         --gpus 1 --time 4h --type A100 --idle-timeout 30m --max-wait 1h --user
+    jupyter gpujobs kernelspec install --name python3-gpu-16g --gpu-mem 16G --time 8h --user  # a share
     jupyter gpujobs kernelspec list
 """
 
@@ -22,7 +23,14 @@ import sys
 import tempfile
 from typing import Any
 
-from ..model import InvalidInput, format_duration, parse_duration, parse_gpu_count, parse_priority
+from ..model import (
+    InvalidInput,
+    format_duration,
+    parse_duration,
+    parse_gpu_memory,
+    parse_gpus,
+    parse_priority,
+)
 from .provisioner import PROVISIONER_NAME
 
 _NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
@@ -32,14 +40,20 @@ INSTALL_HINT = "jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 -
 
 def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type: str | None = None,
                priority: str = "normal", idle_timeout: Any = None, max_wait: Any = None,
-               display_name: str | None = None) -> dict[str, Any]:
-    """kernel.json of a GPU kernelspec wrapping `wrapped` (a kernel.json dict). Raises InvalidInput."""
-    n = parse_gpu_count(gpus, "gpus")
+               display_name: str | None = None, gpu_memory: Any = None) -> dict[str, Any]:
+    """kernel.json of a GPU kernelspec wrapping `wrapped` (a kernel.json dict). Raises InvalidInput.
+    `gpus` below 1 (0.5) or `gpu_memory` ("16G"): its kernels run on a share of one GPU."""
+    n, share = parse_gpus(gpus, "gpus")
     if n < 1:
-        raise InvalidInput("gpus", "a GPU kernel needs at least 1 GPU")
+        raise InvalidInput("gpus", "a GPU kernel needs at least 1 GPU or a share of one, e.g. 0.5")
+    memory = parse_gpu_memory(gpu_memory) if gpu_memory not in (None, "") else None
+    if memory is not None and n != 1:
+        raise InvalidInput("gpu_memory", f"asks for memory on one shared GPU; it cannot go with {n} GPUs")
     limit = parse_duration(time_limit, "time_limit")
-    config: dict[str, Any] = {"gpus": n, "time_limit": format_duration(limit),
+    config: dict[str, Any] = {"gpus": share if share is not None else n, "time_limit": format_duration(limit),
                               "priority": parse_priority(priority or "normal")}
+    if memory is not None:
+        config["gpu_memory"] = f"{memory >> 20}M" if memory % (1 << 30) else f"{memory >> 30}G"
     if gpu_type is not None:
         if not gpu_type.strip() or not re.fullmatch(r"[\w.-]+", gpu_type.strip()):
             raise InvalidInput("gpu_type", f"expected a GPU model such as A100, got {gpu_type!r}")
@@ -50,7 +64,11 @@ def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type:
         config["max_wait"] = format_duration(parse_duration(max_wait, "max_wait"))
     if not display_name:
         base = re.sub(r"\s*\(ipykernel\)\s*$", "", wrapped.get("display_name") or "Kernel")
-        what = f"{n}x{config['gpu_type']}" if "gpu_type" in config else f"{n} GPU{'s' if n > 1 else ''}"
+        if share is not None or memory is not None:  # "0.5 of a GPU", "16G of an A100"
+            part = config.get("gpu_memory") or f"{share:g}"
+            what = f"{part} of {'a GPU' if 'gpu_type' not in config else config['gpu_type']}"
+        else:
+            what = f"{n}x{config['gpu_type']}" if "gpu_type" in config else f"{n} GPU{'s' if n > 1 else ''}"
         display_name = f"{base} ({what}, {config['time_limit']})"
     spec = {k: v for k, v in wrapped.items() if k not in ("display_name", "metadata")}
     metadata = dict(wrapped.get("metadata") or {})
@@ -87,7 +105,7 @@ def install(args: argparse.Namespace) -> int:
         raise InvalidInput("kernel", f"{args.kernel!r} is already a GPU kernelspec; wrap a plain one (e.g. python3)")
     spec = build_spec(source, gpus=args.gpus, time_limit=args.time_limit, gpu_type=args.gpu_type,
                       priority=args.priority, idle_timeout=args.idle_timeout, max_wait=args.max_wait,
-                      display_name=args.display_name)
+                      display_name=args.display_name, gpu_memory=getattr(args, "gpu_memory", None))
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, name)
         os.mkdir(folder)
@@ -178,7 +196,10 @@ def list_specs(args: argparse.Namespace) -> int:
             rows.append([name, info["spec"].get("display_name", ""), f"error: {s}", "", "", "",
                          info["resource_dir"]])
             continue
-        gpus = str(s["gpus"]) + (f"x{s['gpu_type']}" if s["gpu_type"] else "")
+        gpus = (f"{s['share']:g}" if s.get("share") is not None else str(s["gpus"]))
+        if s.get("gpu_memory") is not None:
+            gpus += f"/{s['gpu_memory'] / (1 << 30):.3g}G"
+        gpus += f"x{s['gpu_type']}" if s["gpu_type"] else ""
         rows.append([name, info["spec"].get("display_name", ""), gpus,
                      format_duration(s["time_limit"]) if s["time_limit"] else "server default",
                      format_duration(s["idle_timeout"]) if s["idle_timeout"] else "never",

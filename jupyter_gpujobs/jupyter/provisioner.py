@@ -44,7 +44,14 @@ from tornado import web
 from traitlets import Bool, Float, Integer, Unicode, Union
 
 from ..client import FINAL_STATES, AsyncGPUJobsClient, GPUJobsError
-from ..model import InvalidInput, format_duration, parse_duration, parse_gpu_count, parse_priority
+from ..model import (
+    InvalidInput,
+    format_duration,
+    parse_duration,
+    parse_gpu_memory,
+    parse_gpus,
+    parse_priority,
+)
 from .slurm_kernel import SlurmKernel, engine_runner
 
 PROVISIONER_NAME = "gpujobs-provisioner"
@@ -138,8 +145,12 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     Jupyter config (`c.GPUKernelProvisioner.<name>`); the kernelspec wins.
     """
 
-    gpus = Union([Integer(), Unicode()], default_value=1, config=True,
-                 help="GPUs the kernel asks for.")
+    gpus = Union([Integer(), Float(), Unicode()], default_value=1, config=True,
+                 help="GPUs the kernel asks for, or a share of one GPU below 1 (e.g. 0.5: half of one "
+                      "card's memory and time, beside other shares).")
+    gpu_memory = Union([Integer(), Unicode()], default_value=None, allow_none=True, config=True,
+                       help="GPU memory the kernel asks for on one shared GPU, e.g. '16G' (None: a whole "
+                            "GPU, or the share `gpus` gives).")
     gpu_type = Unicode(None, allow_none=True, config=True, help="GPU model, e.g. 'A100' (None: any).")
     time_limit = Union([Integer(), Unicode()], default_value=None, allow_none=True, config=True,
                        help="Time limit of the kernel's GPU job, e.g. '4h' (None: the engine's default). "
@@ -190,11 +201,14 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _settings(self) -> dict[str, Any]:
         """The request, validated; a bad kernelspec fails the start with a 400 naming the field."""
         try:
-            gpus = parse_gpu_count(self.gpus, "gpus")
+            gpus, share = parse_gpus(self.gpus, "gpus")
             if gpus < 1:
-                raise InvalidInput("gpus", "a GPU kernel needs at least 1 GPU")
+                raise InvalidInput("gpus", "a GPU kernel needs at least 1 GPU or a share of one, e.g. 0.5")
+            memory = parse_gpu_memory(self.gpu_memory) if self.gpu_memory not in (None, "") else None
             return {
                 "gpus": gpus,
+                "share": share,
+                "gpu_memory": memory,
                 "gpu_type": self.gpu_type or None,
                 "time_limit": _optional_duration(self.time_limit, "time_limit"),
                 "priority": parse_priority(self.priority or "normal"),
@@ -271,7 +285,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         name = self._spec_name()
         try:
             job = await client.submit(
-                command, **extra, kind="kernel", name=f"kernel {name}".strip(), gpus=settings["gpus"],
+                command, **extra, kind="kernel", name=f"kernel {name}".strip(),
+                gpus=settings["share"] if settings["share"] is not None else settings["gpus"],
+                gpu_memory=f"{settings['gpu_memory'] >> 20}M" if settings["gpu_memory"] is not None else None,
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
                 priority=settings["priority"],
                 payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid(),

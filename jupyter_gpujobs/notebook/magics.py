@@ -44,7 +44,8 @@ from ..model import (
     parse_begin,
     parse_cpus,
     parse_duration,
-    parse_gpu_count,
+    parse_gpu_memory,
+    parse_gpus,
     parse_memory,
     parse_priority,
 )
@@ -115,7 +116,11 @@ def job_options(args: Any) -> dict[str, Any]:
     """The submission fields of the options shared by `%%gpujob` and `%gpujobs run`, checked
     here so a bad one fails before anything is submitted."""
     try:
-        body: dict[str, Any] = {"gpus": parse_gpu_count(args.gpus, "--gpus")}
+        gpus, share = parse_gpus(args.gpus, "--gpus")
+        body: dict[str, Any] = {"gpus": share if share is not None else gpus}
+        if args.gpu_memory is not None:
+            parse_gpu_memory(args.gpu_memory, "--gpu-mem")
+            body["gpu_memory"] = args.gpu_memory
         if args.time is not None:
             parse_duration(args.time, "--time")
             body["time_limit"] = args.time
@@ -317,7 +322,9 @@ class CellRun:
 def _job_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `%%gpujob` and `%gpujobs run`."""
     for decorator in reversed([
-        argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for none)"),
+        argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for none), or a share of one "
+                 "GPU, e.g. 0.25"),
+        argument("--gpu-mem", dest="gpu_memory", default=None, help="GPU memory on one shared GPU, e.g. 20G"),
         argument("-t", "--time", default=None, help="time limit, e.g. 30m, 2h (default: the server's)"),
         argument("--type", dest="gpu_type", default=None, help="GPU model, e.g. A100"),
         argument("--priority", default=None, help="low, normal, high or urgent"),
