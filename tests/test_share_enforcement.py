@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -233,3 +234,22 @@ def test_watcher_runs_with_monitoring_off(live_server: Any) -> None:
     assert (ended["state"], ended["reason"]) == ("FAILED", "used 6 GB of its 4 GB share on GPU 0")
     doctor = server.cli("doctor")
     assert "GPU shares" in doctor.stdout and "for 1s (MPS off)" in doctor.stdout, doctor.stdout
+
+
+def test_jobs_sharing_a_card_are_not_rogues_to_each_other(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xA100-80GB", config=FAST)
+    client = server.client()
+    jobs = [client.submit([*ALLOC, "2G", "--seconds", "30"], gpus=share, time_limit="1m") for share in (0.25, 0.5)]
+    for job in jobs:
+        wait_job(client, job["id"], ("RUNNING",), 30)
+
+    def both_read() -> bool:
+        holders = client.gpu_report()["gpus"][0]["holders"]
+        return len(holders) == 2 and all(h["used_mb"] == 2048 for h in holders)
+
+    wait_until(both_read, 15, "the watcher's reading of both jobs on GPU 0")
+    time.sleep(1.0)  # a few more monitor ticks
+    rogues = client.api("GET", "findings", params={"kind": "rogue_process"})["findings"]
+    assert rogues == [], rogues
+    for job in jobs:
+        client.cancel(job["id"])
