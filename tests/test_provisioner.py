@@ -422,6 +422,11 @@ def test_two_kernels_of_a_shared_gpu_kernelspec_run_at_once_on_one_gpu(live_serv
     assert (jobs["kernel python3-half"]["share"], jobs["kernel python3-16g"]["gpu_memory"]) == (0.5, 16 << 30)
     assert k.evaluate(first, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
     assert k.evaluate(second, "os.environ['CUDA_VISIBLE_DEVICES']") == "0"
+    # each kernel gets the memory hints of its share (docs/sharing-gpus.md)
+    assert k.evaluate(first, "os.environ['GPUJOBS_GPU_MEMORY'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION']") \
+        == f"{40 << 30} 0.50"
+    assert k.evaluate(second, "os.environ['GPUJOBS_GPU_MEMORY'] + ' ' + os.environ['GPUJOBS_GPU_MEMORY_FRACTION']") \
+        == f"{16 << 30} 0.200"
     k.evaluate(first, "os.getpid()")
     k.evaluate(second, "os.getpid()")
     # the card holds shares: a whole-GPU kernel waits, and gives up at its maximum wait
