@@ -457,8 +457,11 @@ class Notifier:
         while True:
             d = await self._queue.get()
             dest = self._destination(d)
-            if dest.busy or dest.down_until > time.monotonic():
+            wait = dest.down_until - time.monotonic()
+            if dest.busy or wait > 0:
                 self._hold(dest, d)
+                if not dest.busy and dest.timer is None:  # (released when its backoff ends)
+                    dest.timer = asyncio.get_running_loop().call_later(wait, self._release, dest)
                 continue
             dest.busy = True
             try:
@@ -489,7 +492,7 @@ class Notifier:
     def _release(self, dest: _Destination) -> None:
         """The destination may take messages again: its next waiting one goes to the queue."""
         dest.timer = None
-        if not dest.waiting or self._queue is None:
+        if not dest.waiting or self._queue is None or dest.busy:  # (busy: released when it is done)
             return
         if self._queue.full():  # (the workers are behind: try again shortly)
             dest.timer = asyncio.get_running_loop().call_later(1.0, self._release, dest)
@@ -510,8 +513,9 @@ class Notifier:
             else:
                 dest.dropped += 1
                 self.dropped += 1
-            if dest.timer is None:
-                dest.timer = asyncio.get_running_loop().call_later(backoff, self._release, dest)
+            if dest.timer is not None:
+                dest.timer.cancel()
+            dest.timer = asyncio.get_running_loop().call_later(backoff, self._release, dest)
         if now - dest.logged_at >= self.settings.log_interval_s:
             dest.logged_at = now
             what = "refused a notification" if permanent else "cannot be reached"
