@@ -130,6 +130,24 @@ def test_enforcement_mode_line() -> None:
     assert Shares(runner_schedules_itself=True).mode() == "off"
 
 
+def test_mps_limits_of_a_share_job(tmp_path: Any) -> None:
+    """What the driver is told for a 0.25 share of an 80 GB card under MPS; without the MPS
+    binary no daemon is started and the job gets no MPS variables."""
+    from pathlib import Path
+
+    from jupyter_gpujobs.engine.runners.mps import MPSControl, mps_job_env
+
+    env = mps_job_env(Path("/run/mps/GPU-1"), Path("/var/log/mps/GPU-1"), 20 * GIB, 0.25)
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/run/mps/GPU-1", "CUDA_MPS_LOG_DIRECTORY": "/var/log/mps/GPU-1",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    missing = MPSControl(tmp_path / "pipe", tmp_path / "log", binary="no-such-mps-control")
+    assert missing.ensure("GPU-1") is None and not (tmp_path / "pipe").exists()
+    shares = Shares(mps_wanted=True, backend="nvml", mps=missing)
+    job = Job(id=1, user="ann", share=0.25)  # type: ignore[call-arg]
+    hints, facts = shares.environment(job, [GPU(index=0, uuid="GPU-1", name="A100", memory_total_mb=80 * 1024)])
+    assert facts["GPUJOBS_GPU_MEMORY"] == str(20 * GIB) and not any(k.startswith("CUDA_MPS") for k in facts)
+
+
 # ---------------------------------------------------------------- a real engine on fake GPUs
 
 

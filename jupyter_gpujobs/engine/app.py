@@ -139,7 +139,7 @@ def describe(service: JobService) -> str:
              else f"NOT claimed: {claim.refusal()}")
     return (f"{len(gpus)} GPU(s) via {service.gpus.name} ({models}), {owner}; "
             f"store {service.store.engine.url.render_as_string(hide_password=True).split('?')[0]}; "
-            f"isolation: {service.isolation}")
+            f"isolation: {service.isolation}; {service.shares.describe(gpus)}")
 
 
 def _jobs_run_as(service: JobService) -> str:
