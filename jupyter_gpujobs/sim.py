@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .engine.scheduler import Usage, decay_and_add, schedule
 from .engine.scheduler.reservations import occurrences_between
-from .model import GPU, Claim, Job, JobState, Policy, Reservation
+from .model import GPU, Claim, Job, JobState, Policy, Reservation, is_share, share_fraction
 
 LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 
@@ -73,6 +73,8 @@ class TraceJob:
     gpus: int
     gpu_type: str | None = None
     group: str | None = None
+    share: float | None = None  # part of one GPU (gpus is then 1)
+    gpu_memory: int | None = None  # bytes on one shared GPU
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
@@ -162,18 +164,26 @@ def _pct(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def cluster(hosts: int, gpus_per_host: int, name: str = "A100") -> list[GPU]:
-    return [GPU(i, f"sim-{h}-{i}", name, host=f"node{h:03d}") for h in range(hosts) for i in range(gpus_per_host)]
+def cluster(hosts: int, gpus_per_host: int, name: str = "A100", memory_mb: int = 0) -> list[GPU]:
+    return [GPU(i, f"sim-{h}-{i}", name, host=f"node{h:03d}", memory_total_mb=memory_mb)
+            for h in range(hosts) for i in range(gpus_per_host)]
+
+
+def _weight(job: Job, memory_mb: int) -> float:
+    """GPUs a job holds: its count, or its part of one card (a share)."""
+    return share_fraction(job, memory_mb << 20) if is_share(job) else float(job.gpus)
 
 
 def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_host: int,
              name: str = "policy", skip_idle: bool = True, min_confidence: float = 0.6,
-             reservations: Sequence[Reservation] = ()) -> Result:
-    """Replay `trace` on hosts x gpus_per_host GPUs under `policy` (`skip_idle`: run no cycle
-    where nothing could start; the replay is the same either way, only faster). With
+             reservations: Sequence[Reservation] = (), memory_mb: int = 0) -> Result:
+    """Replay `trace` on hosts x gpus_per_host GPUs (of `memory_mb` each) under `policy`
+    (`skip_idle`: run no cycle where nothing could start; the replay is the same either way,
+    only faster). Jobs with a `share` or `gpu_memory` run on part of one GPU. With
     `policy.use_predictions`, a prediction at least `min_confidence` sure sets a job's
     `predicted_runtime_s`, as the engine's monitor does (`c.GPUJobs.predict_min_confidence`)."""
-    gpus = cluster(hosts, gpus_per_host)
+    gpus = cluster(hosts, gpus_per_host, memory_mb=memory_mb)
+    card_bytes = {(g.host, g.index): memory_mb << 20 for g in gpus}
     todo = sorted(trace, key=lambda t: (t.submit, t.id))
     duration: dict[int, float] = {}
     jobs: dict[int, Job] = {}
@@ -183,9 +193,11 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             d, g = d * g / gpus_per_host, gpus_per_host
         duration[t.id] = d
         jobs[t.id] = Job(id=t.id, user=t.user, gpus=g, gpu_type=t.gpu_type, submitted_at=t.submit,
-                         time_limit_s=typical_limit(d), preemptible=False, group=t.group)
+                         time_limit_s=typical_limit(d), preemptible=False, group=t.group, share=t.share,
+                         gpu_memory=t.gpu_memory)
     res = Result(name, len(todo), len(gpus))
-    res.work_gpu_s = sum(duration[i] * jobs[i].gpus for i in duration)
+    weight = {i: _weight(j, memory_mb) for i, j in jobs.items()}
+    res.work_gpu_s = sum(duration[i] * weight[i] for i in duration)
     res.first_submit = todo[0].submit if todo else 0.0
     res.last_release = max((t.submit + duration[t.id] for t in todo), default=0.0)
     pending: dict[int, Job] = {}
@@ -235,7 +247,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                 continue
             job = running.pop(jid)
             free_on[job.host or ""] = free_on.get(job.host or "", 0) + len(job.assigned_gpus)
-            res.busy_gpu_s += (now - _started(job, now)) * job.gpus
+            res.busy_gpu_s += (now - _started(job, now)) * weight[jid]
             finished[jid] = JobState.COMPLETED
             if predictor is not None:
                 predictor.add((job.user, str(job.gpus), ""), duration[jid])
@@ -248,10 +260,11 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                     seconds = min(p.seconds, float(jobs[jid].time_limit_s or p.seconds))
                     jobs[jid] = replace(jobs[jid], predicted_runtime_s=max(1.0, seconds))
             pending[jid] = jobs[jid]
-            sizes[jobs[jid].gpus] = sizes.get(jobs[jid].gpus, 0) + 1
+            size = _size(jobs[jid])
+            sizes[size] = sizes.get(size, 0) + 1
             fresh.append(jid)
             i += 1
-        usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s)
+        usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s, card_bytes)
         last_t = now
         if not pending:
             continue
@@ -272,15 +285,16 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                 continue
             res.preemptions += 1
             free_on[victim.host or ""] = free_on.get(victim.host or "", 0) + len(victim.assigned_gpus)
-            sizes[victim.gpus] = sizes.get(victim.gpus, 0) + 1
-            res.busy_gpu_s += (now - _started(victim, now)) * victim.gpus
+            sizes[_size(victim)] = sizes.get(_size(victim), 0) + 1
+            res.busy_gpu_s += (now - _started(victim, now)) * weight[victim.id]
             pending[victim.id] = replace(victim, state=JobState.PENDING, started_at=None, host=None,
                                          assigned_gpus=(), borrowed=False, restarts=victim.restarts + 1)
         for s in plan.starts:
             job = pending.pop(s.job_id)
-            sizes[job.gpus] -= 1
-            if not sizes[job.gpus]:
-                del sizes[job.gpus]
+            size = _size(job)
+            sizes[size] -= 1
+            if not sizes[size]:
+                del sizes[size]
             free_on[s.host] = free_on.get(s.host, 0) - len(s.gpus)
             job = replace(job, state=JobState.RUNNING, started_at=now, host=s.host, assigned_gpus=s.gpus,
                           borrowed=s.borrowed)
@@ -313,6 +327,12 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                 res.waited_ok += ok
                 res.waited_1m += one
     return res
+
+
+def _size(job: Job) -> int:
+    """The free GPUs a pending job needs on one host to start (skip_idle): a share may start
+    on a card that holds shares, with no GPU free, so it counts 0 (its cycles always run)."""
+    return 0 if is_share(job) else job.gpus
 
 
 def _started(job: Job, now: float) -> float:

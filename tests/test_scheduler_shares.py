@@ -131,3 +131,15 @@ def test_shares_deep_in_the_queue_start_and_wait_as_shares_in_every_kind_of_cycl
         if estimate:
             assert plan.expected_start[41] == NOW + 600  # when 40 ends, before job 1's reservation
             assert plan.expected_start[1] == NOW + 3500  # when the last share of card 0 ends
+
+
+def test_the_simulator_replays_a_trace_with_shares() -> None:
+    from jupyter_gpujobs.sim import POLICIES, TraceJob, simulate
+
+    # eight quarter-GPU sessions of an hour on 2 GPUs: all start at once, as 4 whole ones would
+    shares = [TraceJob(i, f"u{i}", 0.0, 3600.0, 1, share=0.25) for i in range(1, 9)]
+    res = simulate(shares, POLICIES["default"], hosts=1, gpus_per_host=2, memory_mb=81920)
+    assert res.wait == [0.0] * 8
+    assert res.busy_gpu_s == 8 * 0.25 * 3600.0
+    whole = [TraceJob(i, f"u{i}", 0.0, 3600.0, 1) for i in range(1, 9)]
+    assert max(simulate(whole, POLICIES["default"], hosts=1, gpus_per_host=2).wait) == 3 * 3600.0
