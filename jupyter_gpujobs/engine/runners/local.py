@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from . import cgroups
+from . import cgroups, users
 from .base import LOST_REASON, NOT_STARTED_REASON, Exit, LaunchRequest, Runner, StopOutcome
 from .shim import read_json, write_json_atomic
 
@@ -87,12 +87,16 @@ class LocalRunner(Runner):
         pythonpath = os.environ.get("PYTHONPATH")
         iso = self.isolation
         cg = iso.paths(job_dir.name) if iso.enabled else {}
+        try:
+            account = users.account(req.run_as)
+        except KeyError:
+            account = None  # the supervisor fails the job, naming the user
         write_json_atomic(str(job_dir / "spec.json"), {
             "job_id": req.job_id, "command": list(req.command), "cwd": req.cwd, "env": dict(req.env),
             "gpu_indices": list(req.gpu_indices), "gpu_uuids": list(req.gpu_uuids),
             "time_limit_s": req.time_limit_s, "grace_s": req.grace_s, "preempt_grace_s": req.preempt_grace_s,
             "log_path": req.log_path or str(job_dir / "output.log"), "fake": bool(req.fake),
-            "pythonpath": pythonpath, "run_as": req.run_as, "cgroups": cg,
+            "pythonpath": pythonpath, "run_as": req.run_as, "account": account, "cgroups": cg,
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
             "bpf_fence": iso.bpf,

@@ -94,14 +94,26 @@ def how_it_ended(exit_code: int | None, sig: int | None) -> str:
     return f"killed by signal {name}"
 
 
-def _become_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
+_LIBC: Any = None
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+
+def _libc() -> Any:
+    """The C library through ctypes (loaded once: its import costs a start tens of ms)."""
+    global _LIBC
+    if _LIBC is None and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        except Exception:
+            _LIBC = False
+    return _LIBC or None
+
+
+def _become_subreaper() -> bool:
+    libc = _libc()
+    try:
+        return libc is not None and libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
     except Exception:
         return False
 
@@ -171,11 +183,11 @@ class SpawnError(OSError):
 
 
 def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
-          cgroup_procs: Sequence[str] = (), user: tuple[str, int, int] | None = None) -> int:
+          cgroup_procs: Sequence[str] = (), user: tuple[str, int, int, list[int]] | None = None) -> int:
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
     stderr into `log_fd`. Before exec the child enters the run's cgroups (`cgroup_procs`: the
-    `cgroup.procs` files to write its pid to), drops to `user` (name, uid, gid: setgid,
-    initgroups, setuid, umask 077) and then enters `cwd` with that user's rights. A failure in
+    `cgroup.procs` files to write its pid to), drops to `user` (name, uid, gid, groups:
+    setgid, setgroups, setuid, umask 077; no lookup happens in the child) and then enters `cwd` with that user's rights. A failure in
     the child is raised here as SpawnError with its stage and errno.
 
     Done by hand rather than with `subprocess`, whose import alone costs the dispatch path
@@ -198,9 +210,9 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
                     f.write(me)
             if user is not None:
                 stage = "user"
-                name, uid, gid = user
+                _name, uid, gid, gids = user
                 os.setgid(gid)
-                os.initgroups(name, gid)
+                os.setgroups(gids)
                 os.setuid(uid)
                 os.umask(0o077)
             stage = "cwd"
@@ -272,17 +284,24 @@ def open_log(path: str, owner: tuple[int, int] | None = None) -> int:
     return fd
 
 
-def resolve_user(name: str | None) -> tuple[str, int, int, str, str] | None:
-    """(name, uid, gid, home, shell) of the Unix user `name`; None when the job runs as the
-    supervisor's own user. KeyError when there is no such user."""
+def resolve_user(spec: dict[str, Any]) -> tuple[str, int, int, str, str, list[int]] | None:
+    """(name, uid, gid, home, shell, groups) of the Unix user the job runs as, as the runner
+    resolved it (`account`), else looked up here; None when the job runs as the supervisor's
+    own user. KeyError when there is no such user."""
+    name = spec.get("run_as")
     if not name:
         return None
+    account = spec.get("account")
+    if account:
+        return (str(account[0]), int(account[1]), int(account[2]), str(account[3]), str(account[4]),
+                [int(g) for g in account[5]])
     import pwd
 
     entry = pwd.getpwnam(name)
     if entry.pw_uid == os.getuid():
         return None
-    return entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell
+    return (entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell,
+            os.getgrouplist(entry.pw_name, entry.pw_gid))
 
 
 class Shim:
@@ -489,7 +508,7 @@ class Shim:
         log_path = spec.get("log_path") or os.path.join(self.job_dir, "output.log")
         log_fd: int | None = None
         try:
-            user = resolve_user(spec.get("run_as"))
+            user = resolve_user(spec)
         except KeyError:
             from .users import NotAUnixUser  # the engine's words for it
 
@@ -520,7 +539,8 @@ class Shim:
                                           log_fd)
         self.subreaper = _become_subreaper()
         try:
-            pid = spawn(command, cwd, env, log_fd, cgroups.procs_files(self.cg), user[:3] if user else None)
+            pid = spawn(command, cwd, env, log_fd, cgroups.procs_files(self.cg),
+                        (user[0], user[1], user[2], user[5]) if user else None)
         except SpawnError as err:
             cgroups.remove(self.cg)
             return self.fail_to_start(spec, self.spawn_failure(err, command, cwd, user), log_fd)
@@ -611,7 +631,9 @@ class Shim:
 
 def standby() -> str | None:
     """Wait, already started, for the runner to name a job dir on stdin (one line); then
-    become that job's supervisor. This takes the interpreter's start-up off the dispatch path."""
+    become that job's supervisor. This takes the interpreter's start-up (and the C library's
+    loading) off the dispatch path."""
+    _libc()
     line = sys.stdin.readline().strip()
     if not line:
         return None  # the runner went away (EOF)

@@ -46,6 +46,29 @@ def lookup(name: str) -> pwd.struct_passwd | None:
     return entry
 
 
+_groups_cache: dict[tuple[str, int], tuple[float, list[int]]] = {}
+
+
+def account(name: str | None) -> list[object] | None:
+    """What a supervisor needs to become Unix user `name`: [name, uid, gid, home, shell,
+    [gids]], resolved here (and remembered for a minute) so that starting a job does no user
+    or group lookup of its own; None for the engine's own user. KeyError: no such user."""
+    if not name:
+        return None
+    entry = lookup(name)
+    if entry is None:
+        raise KeyError(name)
+    if entry.pw_uid == os.getuid():
+        return None
+    now = time.monotonic()
+    key = (entry.pw_name, entry.pw_gid)
+    hit = _groups_cache.get(key)
+    if hit is None or now - hit[0] >= _CACHE_S:
+        hit = (now, os.getgrouplist(entry.pw_name, entry.pw_gid))
+        _groups_cache[key] = hit
+    return [entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell, list(hit[1])]
+
+
 def run_as(owner: str, mode: str = "auto") -> str | None:
     """The Unix user to run `owner`'s job as, or None for the engine's own user.
 
