@@ -143,3 +143,15 @@ def test_the_simulator_replays_a_trace_with_shares() -> None:
     assert res.busy_gpu_s == 8 * 0.25 * 3600.0
     whole = [TraceJob(i, f"u{i}", 0.0, 3600.0, 1) for i in range(1, 9)]
     assert max(simulate(whole, POLICIES["default"], hosts=1, gpus_per_host=2).wait) == 3 * 3600.0
+
+
+def test_a_share_joins_a_card_only_if_it_ends_before_an_advance_reservation_of_it() -> None:
+    from jupyter_gpujobs.model import Reservation
+
+    # GPU 0 holds a share and is reserved for group vision in an hour; GPU 1 is busy for 4 h
+    reserved = [Reservation(id=1, gpus=1, start=NOW + 3600, duration_s=7200, name="vision", groups=("vision",))]
+    running = [run(10, (0,), share=0.25, limit=1800), run(11, (1,), limit=4 * 3600)]
+    pending = [share(1, limit=7200), share(2, limit=1800)]
+    plan = schedule(NOW, pending, running, cards(2), PLAIN, reservations=reserved)
+    assert starts(plan) == {2: (0,)}, "the 30-minute share ends before the reservation, the 2-hour one would not"
+    assert plan.reasons[1] == "waiting for a 0.25 share of a GPU"

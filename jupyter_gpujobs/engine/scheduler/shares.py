@@ -128,6 +128,11 @@ class Shares:
             self.cl.shared[(p, i)] = self.cl.hole[p].get(i, INF)  # a reservation booked on it while free
         return card
 
+    def _until(self, p: int, i: int) -> float:
+        """When the first reservation on a card with shares begins: a whole-GPU job booked on
+        it after its shares, or an advance reservation (its hole)."""
+        return min(self.cl.shared.get((p, i), INF), self.cl.hole[p].get(i, INF))
+
     def _need(self, j: Job, memory: int) -> tuple[float, int]:
         return share_fraction(j, memory), share_memory_bytes(j, memory) or 0
 
@@ -157,14 +162,13 @@ class Shares:
         memo = (j.gpu_type, j.share or 0.0, j.gpu_memory or 0)
         if limit >= self.failed.get(memo, INF):
             return None
-        shared = self.cl.shared
         best: tuple[int, int, int, Card] | None = None  # (free memory left, pool, index, card)
         for p in view.pids:
             for card in self.cards.get(p, ()):
                 if card.index < 0:
                     continue
                 frac, mem = self._need(j, card.memory)
-                if stop > shared.get((p, card.index), INF) or not card.fits(now, limit, frac, mem):
+                if stop > self._until(p, card.index) or not card.fits(now, limit, frac, mem):
                     continue
                 left = card.free_memory(now) - mem
                 if best is None or (left, p, card.index) < best[:3]:
@@ -206,12 +210,11 @@ class Shares:
     # ------------------------------------------------------------------ later
     def book_estimate(self, j: Job, view: View, floor: float, limit: float) -> float:
         """The earliest start of a share that cannot start now, booked as a future hold."""
-        shared = self.cl.shared
         best_t, best_card = INF, None
         for p in view.pids:
             for card in self.cards.get(p, ()):
                 frac, mem = self._need(j, card.memory)
-                until = shared.get((p, card.index), INF) if card.index >= 0 else INF
+                until = self._until(p, card.index) if card.index >= 0 else INF
                 t = card.earliest(floor, limit, frac, mem, until)
                 if t < best_t:
                     best_t, best_card = t, card
