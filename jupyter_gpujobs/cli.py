@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     us.add_argument("--json", action="store_true")
     fd = sub.add_parser("findings", help="what the monitor found: out of memory, repeated failures, idle GPUs, "
                         "GPU errors, rogue processes")
-    fd.add_argument("--kind", help="oom, repeated_failure, idle_hog, gpu_errors, gpu_drained, rogue_process, job_set_aside")
+    fd.add_argument("--kind", help="oom, repeated_failure, idle_hog, gpu_errors, gpu_drained, rogue_process, job_set_aside, "
+                    "reservation_proposal, offpeak_suggestion")
     fd.add_argument("--job", type=int, help="only this job's findings")
     fd.add_argument("--all", action="store_true", help="closed findings too (default: open ones)")
     fd.add_argument("--json", action="store_true")

@@ -157,6 +157,7 @@ class _Cycle:
         self.holder_users: set[str] = set()
         self.holder_groups: set[str] = set()
         self.reserved_gpus: dict[tuple[str, int], float] = {}  # (host, GPU) -> end of its block
+        self.blocked_until: dict[tuple[str, int], float] = {}  # the same, for the blocks on the time line
         if reservations:
             self._reserve_ahead(reservations)
         self.quotas = Quotas(policy)
@@ -201,7 +202,7 @@ class _Cycle:
                     end = min(end, guess)
                 for i in r.assigned_gpus:
                     busy[(r.host, i)] = max(end, now)
-            for key, end in self.reserved_gpus.items():
+            for key, end in self.blocked_until.items():
                 busy[key] = max(busy.get(key, now), end)
             self.pred = AggregateLine(self.cluster, busy)
             # per pool, when its GPUs free on that line (running jobs only): a k-GPU job's
@@ -241,6 +242,8 @@ class _Cycle:
             for i in o.gpus:
                 line.avail[i] = cl.block(p, i, o.start, o.end, firm)
                 self.reserved_gpus[(o.host, i)] = max(o.end, self.reserved_gpus.get((o.host, i), o.end))
+                if firm:
+                    self.blocked_until[(o.host, i)] = self.reserved_gpus[(o.host, i)]
             cl.reserved_text.setdefault(p, []).append(reserved_text(o, now, self.policy.utc_offset_s, one_host))
             self.holder_lines.append(line)
             self.holder_users.update(o.reservation.users)
