@@ -156,6 +156,9 @@ class _Cycle:
         self.holder_lines: list[HolderLine] = []
         self.holder_users: set[str] = set()
         self.holder_groups: set[str] = set()
+        # the holders of an occurrence on now with a free GPU: past the reservation depth only
+        # their jobs leave the walk by class (they may start inside it); others only wait
+        self.open_holders: tuple[set[str], set[str]] = (set(), set())
         self.reserved_gpus: dict[tuple[str, int], float] = {}  # (host, GPU) -> end of its block
         self.blocked_until: dict[tuple[str, int], float] = {}  # the same, for the blocks on the time line
         if reservations:
@@ -248,10 +251,23 @@ class _Cycle:
             self.holder_lines.append(line)
             self.holder_users.update(o.reservation.users)
             self.holder_groups.update(o.reservation.groups)
+        self._open_holders()
+
+    def _open_holders(self) -> None:
+        users, groups = self.open_holders = (set(), set())
+        for line in self.holder_lines:
+            if line.occ.active(self.now) and any(t <= self.now for t in line.avail.values()):
+                users.update(line.occ.reservation.users)
+                groups.update(line.occ.reservation.groups)
 
     def _holds(self, j: Job) -> bool:
         """Does `j`'s user or group hold a reservation in this cycle?"""
         return j.user in self.holder_users or (j.group is not None and j.group in self.holder_groups)
+
+    def _may_start_reserved(self, j: Job) -> bool:
+        """Does `j` hold an occurrence on now with a free GPU (`open_holders`)?"""
+        users, groups = self.open_holders
+        return j.user in users or (j.group is not None and j.group in groups)
 
     def _start_reserved(self, j: Job, k: int, limit: float, view: View, lims: list[tuple[Limit, bool]]) -> bool:
         """Start a holder's job now on the free GPUs of an active occurrence it holds."""
@@ -269,6 +285,7 @@ class _Cycle:
                 self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + k
             self.last_start = now
             self._cluster_changed()
+            self._open_holders()
             return True
         return False
 
@@ -884,7 +901,7 @@ class _Cycle:
         k = j.gpus
         gt = j.gpu_type
         view = self.cluster.views.get(gt)
-        if k <= 0 or view is None or k > view.max_size or (self.holder_lines and self._holds(j)):
+        if k <= 0 or view is None or k > view.max_size or (self.holder_lines and self._may_start_reserved(j)):
             return None
         if j.offpeak or j.begin is not None:
             fd = self._deep_family(j)
@@ -924,8 +941,8 @@ class _Cycle:
         kind = self.kinds.get(kk) or self._kind(j)
         if k <= 0 or view is None or k > view.max_size or j.share is not None or j.gpu_memory is not None:
             return None  # (a share: `_place_share`)
-        if self.holder_lines and self._holds(j):
-            return None  # (a holder's job may start inside its reservation: `_place`)
+        if self.holder_lines and self._may_start_reserved(j):
+            return None  # (a holder's job may start inside its reservation now: `_place`)
         lims, mtl = kind
         high = INF if mtl is None else float(mtl)
         if j.offpeak or (j.begin is not None and j.begin > now):
