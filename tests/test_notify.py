@@ -305,7 +305,7 @@ def test_a_hung_receiver_and_mail_server_do_not_slow_the_engine_or_other_receive
     hung_web, hung_mail = Hang(), Hang()
     try:
         server = live_server(users=USERS, config={"notify_smtp_host": "127.0.0.1",
-                                                  "notify_smtp_port": hung_mail.port, "notify_timeout": 3})
+                                                  "notify_smtp_port": hung_mail.port, "notify_timeout": 6})
         c = _clients(server)
         alice = c["alice"]
         _dispatch_seconds(alice, 2)  # warm up (the first supervisors)
@@ -322,10 +322,11 @@ def test_a_hung_receiver_and_mail_server_do_not_slow_the_engine_or_other_receive
         print(f"10 jobs: {base:.2f}s with no notifications (slowest answer {base_slowest * 1000:.0f} ms), "
               f"{hung:.2f}s with a hung webhook and mail server (slowest answer {hung_slowest * 1000:.0f} ms); "
               f"another user's working webhook told within {bob_s:.2f}s of submitting")
-        # an engine that waited on deliveries would take 3 s per message (20 of them) longer
+        # an engine that waited on a delivery would stall for its 6 s timeout, per message (20 of
+        # them); the margins are for a loaded machine
         assert hung < base * 2 + 3
-        assert hung_slowest < 1.0
-        assert bob_s < 3.0
+        assert hung_slowest < 3.0
+        assert bob_s < 5.0
         assert receiver.texts("/bob") == [f"[gpujobs] job {bobs['id']} (bobs) completed"]
         down = f"webhook host 127.0.0.1:{hung_web.port} cannot be reached"
         wait_until(lambda: "mail server cannot be reached" in server.server_log() and down in server.server_log(),
