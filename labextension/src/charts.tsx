@@ -177,6 +177,9 @@ export function VegaChart(props: IChartProps): React.ReactElement {
     }
     let stale = false;
     setSignals(v, props.signals);
+    if (v.height() !== props.height) {
+      v.height(props.height); // bar charts grow with their rows
+    }
     void v
       .data('table', props.values)
       .runAsync()

@@ -456,7 +456,7 @@ const QUEUE_SPEC: VisualizationSpec = {
 const WAIT_SPEC: VisualizationSpec = {
   params: WINDOW_PARAMS,
   transform: [{ fold: ['mean', 'p90'], as: ['stat', 'minutes'] }, { filter: 'datum.minutes !== null' }],
-  mark: { type: 'line', point: { size: 30 }, interpolate: 'monotone' },
+  mark: { type: 'line', point: { size: 30 } },
   encoding: {
     x: TIME_X,
     y: { field: 'minutes', type: 'quantitative', title: 'wait before start (min)', axis: { tickCount: 4 } },

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,18 +179,74 @@ def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(pa
             httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": gpu, "draining": False}, timeout=10)
 
 
+def _seed_history(lab: Any, client: Any) -> None:
+    """A week of GPU readings and an hour of finished jobs in the Lab's store, as a team's server
+    would have them (the screenshots show charts with history, not a server started seconds
+    ago). Jobs are written finished, with a begin time far ahead while they are written so the
+    scheduler never takes them."""
+    import math
+    import random
+
+    from jupyter_gpujobs.engine.store import Store, default_url
+    from jupyter_gpujobs.engine.store import monitoring as mstore
+    from jupyter_gpujobs.model import JobState
+
+    store = Store(default_url(Path(lab.env["JUPYTER_DATA_DIR"]) / "gpujobs"))
+    inventory = client.gpus()
+    gpus = inventory["gpus"] if isinstance(inventory, dict) else inventory
+    rnd = random.Random(7)
+    now = time.time()
+    hour_start = ((now - 3600) // 3600 - 1) * 3600  # the last whole hour before the last hour
+    hourly, raw = [], []
+    for g in gpus:
+        for h in range(7 * 24):
+            t = hour_start - h * 3600
+            local = time.localtime(t)
+            day = 1.0 if local.tm_wday < 5 else 0.35
+            office = math.exp(-((local.tm_hour - 14) / 4.5) ** 2)
+            util = max(0.0, min(100.0, 100 * day * office * (0.8 + 0.25 * g["index"]) + rnd.uniform(-8, 8)))
+            hourly.append(mstore.SampleValues(g["host"], g["index"], g["uuid"], t, utilization=util,
+                                              memory_used_mb=g["memory_total_mb"] * util / 130,
+                                              memory_total_mb=g["memory_total_mb"], count=720))
+        t = hour_start + 3600
+        while t < now - 10:
+            phase = (t - hour_start) / 3600
+            util = (78 + 12 * math.sin(phase * 9)) if g["index"] == 0 else (45 + 40 * math.sin(phase * 4 + 1) ** 2)
+            util = max(0.0, min(100.0, util + rnd.uniform(-6, 6)))
+            mem = g["memory_total_mb"] * (0.72 if g["index"] == 0 else 0.25 + 0.2 * math.sin(phase * 4) ** 2)
+            raw.append(mstore.SampleValues(g["host"], g["index"], g["uuid"], t, utilization=util, memory_used_mb=mem,
+                                           memory_total_mb=g["memory_total_mb"]))
+            t += 20
+    mstore.add_samples(store, hourly, resolution=3600)
+    mstore.add_samples(store, raw)
+    people = [("alice", "vision"), ("bob", "nlp"), ("carol", "vision"), ("dan", None), ("erin", "nlp")]
+    t = now - 3300
+    while t < now - 400:
+        user, group = rnd.choice(people)
+        wait = rnd.choice([5, 20, 60, 240, 600])
+        run = rnd.uniform(300, 1500)
+        gpu = rnd.choice(gpus)
+        job = store.add_jobs([{"user": user, "group": group, "command": ["python", "train.py"], "gpus": 1,
+                               "name": "train", "begin": now + 10 * 365 * 86400}], user, t)[0]
+        store.start(job.id, gpu["host"], [(gpu["index"], gpu["uuid"])], t + wait)
+        end = min(t + wait + run, now - 60)
+        store.transition(job.id, JobState.COMPLETED, "runner", "completed", end, ended_at=end)
+        t += rnd.uniform(120, 360)
+
+
 def _representative_load(client: Any) -> None:
-    client.submit(sleeper(0.5), gpus=1, time_limit="10m", name="warmup")
-    client.submit(burner(300, 0.8), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet")
-    client.submit(burner(300, 0.35), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")
-    client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", priority="high", name="sweep-lr")
+    jobs = [client.submit(burner(300, 0.8), gpus=1, gpu_type="A100", time_limit="30m", name="train-resnet"),
+            client.submit(burner(300, 0.35), gpus=1, gpu_type="A100", time_limit="1h", name="finetune-llm")]
+    wait_for(lambda: all(client.job(j["id"])["state"] == "RUNNING" for j in jobs), 30, "both GPUs busy")
+    client.submit(sleeper(300), gpus=2, gpu_type="A100", time_limit="2h", name="sweep-lr")
 
 
-def test_dashboard_screenshots_light_and_dark(page: Any, client: Any) -> None:
+def test_dashboard_screenshots_light_and_dark(page: Any, client: Any, lab: Any) -> None:
     """The dashboard at the main area's width and at a narrow one, in both themes
-    (tests/ui/screenshots/dashboard-*.png)."""
+    (tests/ui/screenshots/dashboard-*.png), over a week of history and live jobs."""
+    _seed_history(lab, client)
     _representative_load(client)
-    page.set_viewport_size({"width": 1400, "height": 1500})
+    page.set_viewport_size({"width": 1400, "height": 1230})
     run_command(page, "application:toggle-left-area")  # the main area gets the whole width
     dash = open_dashboard(page)
     page.wait_for_timeout(9000)  # a few live readings
