@@ -59,6 +59,12 @@ async def test_bad_reservations_are_refused_naming_the_field(api: Any) -> None:
                         ([1, 2], "body")]:
         status, err = await api("POST", "reservations", body)
         assert status == 400 and err["field"] == field, (body, err)
+    status, first = await api("POST", "reservations", {"gpus": 2, "start": "+1h", "duration": "2h", "users": "a"})
+    assert status == 201
+    status, err = await api("POST", "reservations", {"gpus": 1, "start": "+2h", "duration": "2h", "users": "b"})
+    assert status == 409 and err["field"] == "gpus" and "not free of other reservations" in err["message"]
+    status, _ = await api("POST", "reservations", {"gpus": 2, "start": "+3h", "duration": "2h", "users": "b"})
+    assert status == 201  # after the first one ends
     status, err = await api("DELETE", "reservations/99")
     assert status == 404
     status, err = await api("DELETE", "reservations/x")
@@ -128,6 +134,19 @@ async def test_a_user_accepts_a_proposal_for_themselves_only_within_quota(api: A
         except PermissionDenied as err:
             assert why in str(err)
     admin = next(iter(engine.admin_users))
+    body = {"gpus": 1, "start": "+1h", "duration": "1h", "users": ["erin"]}
+    try:
+        engine.create_reservation("erin", body)
+        raise AssertionError("a user reserved GPUs")
+    except PermissionDenied as err:
+        assert "only admins may reserve GPUs" in str(err)
+    other = engine.create_reservation(admin, body)
+    try:
+        engine.delete_reservation("erin", other["id"])
+        raise AssertionError("a user removed an admin's reservation")
+    except PermissionDenied as err:
+        assert "only they or an admin may remove it" in str(err)
+    engine.delete_reservation(admin, other["id"])
     engine.set_quota(admin, "users", "erin", {"max_gpus": 1})
     made = engine.accept_reservation_proposal("erin", proposal["id"])
     assert made["users"] == ["erin"] and made["created_by"] == "erin" and made["repeat"] == "weekly"
@@ -155,6 +174,10 @@ def test_reserve_from_the_command_line(live_server: Any) -> None:
     assert listed.returncode == 0 and "vision-fri" in listed.stdout
     bad = server.cli("reserve", "--gpus", "2", "--start", "+1h", "--duration", "4h", "--repeat", "weekly")
     assert bad.returncode != 0 and "users" in bad.stderr and "Traceback" not in bad.stderr
-    rid = server.client().reservations()[0]["id"]
+    server.kill()  # stored: a restart (even a SIGKILL) keeps it, and it is in force again
+    server.start()
+    [kept] = server.client().reservations()
+    assert kept["name"] == "vision-fri" and kept["assigned"]["gpus"] == [0, 1]
+    rid = kept["id"]
     assert server.cli("reserve", "--delete", str(rid)).returncode == 0
     assert server.cli("reserve").stdout.strip() == "no reservations"

@@ -28,6 +28,7 @@ import psutil
 
 from ..model import (
     GPU,
+    MAX_ID,
     Claim,
     InvalidInput,
     Job,
@@ -53,7 +54,7 @@ from .runners.users import NotAUnixUser, can_enter, in_group, lookup, run_as
 from .scheduler import schedule
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.quotas import Quotas
-from .scheduler.reservations import gpus_text, occurrence_at, occurrences
+from .scheduler.reservations import gpus_text, occurrence_at, occurrences, occurrences_between
 from .scheduler.shares import gpu_bytes
 from .shares import Shares
 from .store import GPUAlreadyAllocated, NewJobs, Store, StoreUnavailable, store_trouble
@@ -1096,7 +1097,9 @@ class JobService:
             raise Conflict("reservation", "this server hands its jobs to Slurm; make reservations there "
                                           "(scontrol create reservation)")
         now = self.clock()
-        fields = validate_reservation(body, now, self.refresh_inventory())
+        inventory = self.refresh_inventory()
+        fields = validate_reservation(body, now, inventory)
+        self._check_room(Reservation(id=MAX_ID, **fields), inventory, now)
         r = self.store.add_reservation(fields, actor, now, source)
         self.reservations.append(r)
         self.reservation_source[r.id] = source
@@ -1146,6 +1149,15 @@ class JobService:
         if user in self.group_members.get(group, ()):
             return True
         return in_group(user, group)
+
+    def _check_room(self, new: Reservation, inventory: list[GPU], now: float) -> None:
+        """Refuse (409) a reservation that would get no GPUs at one of its occurrences in the
+        next 8 weeks, because earlier reservations hold them then."""
+        for start, _ in occurrences_between(new, now, now + 8 * 7 * 86400)[:60]:
+            if not any(o.reservation is new for o in occurrences([*self.reservations, new], inventory, start)):
+                what = f"{new.gpus} {new.gpu_type or 'GPU'}{'s' if new.gpus > 1 and not new.gpu_type else ''}"
+                raise Conflict("gpus", f"{what} on one host are not free of other reservations on "
+                                       f"{time.strftime('%a %d %b %H:%M', time.localtime(start))}; see GET reservations")
 
     def delete_reservation(self, actor: str, reservation_id: Any) -> None:
         """An admin (or whoever made it) removes a reservation."""
