@@ -36,8 +36,9 @@ What a fake GPU reports:
   `processes()` gives each process's own amount, as NVML's per-process used memory does.
   A job "allocates" GPU memory with `python -m jupyter_gpujobs.gpualloc 23G` (gpualloc.py),
   which holds that much while it runs; on real GPUs the same command allocates it for real.
-  A process's environment is read again while it is young (its first 2 s), so a process that
-  re-executes itself with a new GPUJOBS_FAKE_MEM_MB, as gpualloc does, is seen with it.
+  A process's environment is read again while it is young (its first 2 s; 30 s while it
+  declares no memory), so a process that re-executes itself with a new GPUJOBS_FAKE_MEM_MB, as
+  gpualloc does, is seen with it.
 - temperature and power: plausible functions of utilization.
 
 Device nodes: given a `device_dir` (a root engine gives `/dev/gpujobs-fake/<fleet>`, where
@@ -119,6 +120,9 @@ class _ProcInfo:
 #: A process is re-read for this long after it was first seen: between fork and exec it still
 #: has its parent's environment, and caching that as "no fake GPU" would hide a new job.
 _YOUNG_S = 2.0
+#: A process on a fake GPU that declares no memory is read again for this long: one that
+#: re-executes itself with GPUJOBS_FAKE_MEM_MB (gpualloc.py) may do so late on a loaded machine.
+_DECLARE_S = 30.0
 
 
 @dataclass
@@ -352,7 +356,7 @@ class FakeBackend(GPUBackend):
                 info = self._new_info(pid, start, self._environ_linux(pid))
                 info.first_seen = mono
                 self._procs[pid] = info
-            elif young:
+            elif young or (info.gpus and info.mem_mb is None and mono - info.first_seen < _DECLARE_S):
                 fresh = self._new_info(pid, start, self._environ_linux(pid))
                 if (fresh.gpus, fresh.util, fresh.mem_mb) != (info.gpus, info.util, info.mem_mb):
                     # it exec'ed into a job, or with other declared values, since the last scan
