@@ -155,3 +155,10 @@ def test_a_share_joins_a_card_only_if_it_ends_before_an_advance_reservation_of_i
     plan = schedule(NOW, pending, running, cards(2), PLAIN, reservations=reserved)
     assert starts(plan) == {2: (0,)}, "the 30-minute share ends before the reservation, the 2-hour one would not"
     assert plan.reasons[1] == "waiting for a 0.25 share of a GPU"
+
+
+def test_a_deep_estimate_waits_for_the_card_a_share_just_took() -> None:
+    policy = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, preemption=False, reservation_depth=0)
+    plan = schedule(NOW, [share(1, limit=600), job(2, limit=3600), job(3)], [], cards(2), policy)
+    assert sorted(starts(plan)) == [1, 2]
+    assert plan.expected_start[3] == NOW + 600, "the card of the share frees when the share ends, not now"

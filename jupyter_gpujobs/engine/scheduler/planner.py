@@ -700,7 +700,7 @@ class _Cycle:
             if self.fifo_blocked is None or policy.backfill:
                 placed = shares.start_now(j, view, limit)
                 if placed is not None:
-                    p, index, frac = placed
+                    p, index, frac, opened = placed
                     borrowed = self.quotas.any_guarantee and not self._within_guarantee(j, frac)
                     plan.starts.append(Start(jid, cl.pool_host[p], (index,), borrowed, frac))
                     self._book(j, lims, now, now + limit, amount=frac)
@@ -709,6 +709,8 @@ class _Cycle:
                         self.group_gpus[j.group] = self.group_gpus.get(j.group, 0) + frac
                     self.last_start = now
                     self._cluster_changed()
+                    if opened and self.deep is not None:  # a free card is busy now
+                        self.deep.started_now(cl.pool_name[p], 1, now, now + limit)
                     return
             if self.fifo_blocked is not None and not policy.backfill:
                 why = f"behind job {self.fifo_blocked} (first in line)"

@@ -155,8 +155,9 @@ class Shares:
         return None
 
     # ------------------------------------------------------------------ now
-    def start_now(self, j: Job, view: View, limit: float) -> tuple[int, int, float] | None:
-        """Place a share now: (pool, GPU index, fraction), or None."""
+    def start_now(self, j: Job, view: View, limit: float) -> tuple[int, int, float, bool] | None:
+        """Place a share now: (pool, GPU index, fraction, whether it opened a free unreserved
+        card), or None."""
         now = self.now
         stop = now + limit
         memo = (j.gpu_type, j.share or 0.0, j.gpu_memory or 0)
@@ -173,21 +174,23 @@ class Shares:
                 left = card.free_memory(now) - mem
                 if best is None or (left, p, card.index) < best[:3]:
                     best = (left, p, card.index, card)
+        opened = False
         if best is not None:
             card = best[3]
             frac, mem = self._need(j, card.memory)
         else:
-            opened = self._open(j, view, stop)
-            if opened is None:
+            gpu = self._open(j, view, stop)
+            if gpu is None:
                 self.failed[memo] = min(limit, self.failed.get(memo, INF))
                 return None
-            card = self._card(*opened)
+            card = self._card(*gpu)
             frac, mem = self._need(j, card.memory)
+            opened = card.index not in self.cl.hole[card.pool]
         card.holds.append((now, stop, frac, mem))
         if stop > card.end:
             self.cl.occupy(card.pool, card.index, stop, card.end)
             card.end = stop
-        return card.pool, card.index, frac
+        return card.pool, card.index, frac, opened
 
     def _open(self, j: Job, view: View, stop: float) -> tuple[int, int] | None:
         """A free card for a new share: no reservation on it before `stop`, enough memory; the
