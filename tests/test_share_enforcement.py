@@ -160,14 +160,14 @@ def test_job_over_its_share_is_stopped_with_the_reason(live_server: Any) -> None
     client = server.client()
     over = _submit(client, [*ALLOC, "23G"], gpus=0.25, name="greedy")
     within = _submit(client, [*ALLOC, "5G", "--seconds", "6"], gpus=0.25, name="modest")
-    ended = wait_job(client, over["id"], ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "LOST"), 30)
+    ended = wait_job(client, over["id"], ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "LOST"), 60)
     assert ended["state"] == "FAILED", ended
     assert ended["reason"] == f"used 23 GB of its 20 GB share on GPU {ended['assigned_gpus'][0]}", ended["reason"]
     events = client.events(over["id"])
     warned = [e for e in events if e["state"] == "WARNING" and "over its GPU share" in e["reason"]]
     assert warned and "stopped in 1s unless it gives the memory back" in warned[0]["reason"]
     # the job within its share runs to its end, unwarned
-    done = wait_job(client, within["id"], ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"), 30)
+    done = wait_job(client, within["id"], ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"), 60)
     assert done["state"] == "COMPLETED", done
     assert not [e for e in client.events(within["id"]) if e["state"] == "WARNING"]
 
@@ -206,7 +206,7 @@ def test_share_job_environment_and_gpus_command(live_server: Any) -> None:
     # `jupyter gpujobs gpus`: who holds how much of each card, with what the watcher read (a fake
     # GPU process that declares nothing holds 500 MB), and the enforcement mode
     out = wait_until(lambda: (r := server.cli("gpus")).returncode == 0 and r.stdout.count("using") >= 2 and r.stdout,
-                     10, "the watcher's readings in `jupyter gpujobs gpus`")
+                     30, "the watcher's readings in `jupyter gpujobs gpus`")
     lines = {int(x.split()[0]): x for x in out.splitlines() if x[:1].isdigit()}
     assert f"job {a['id']} (" in lines[placed[a["id"]]] and "0.25 = 20 GiB, using 0.5" in lines[placed[a["id"]]]
     assert f"job {b['id']} (" in lines[placed[b["id"]]] and "0.5 = 40 GiB, using 0.5" in lines[placed[b["id"]]]
@@ -248,7 +248,7 @@ def test_watcher_runs_with_monitoring_off(live_server: Any) -> None:
     server = live_server(fake_gpus="1xT4", config={**FAST, "monitor": False})
     client = server.client()
     over = client.submit([*ALLOC, "6G"], gpu_memory="4G", time_limit="2m")
-    ended = wait_job(client, over["id"], ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "LOST"), 30)
+    ended = wait_job(client, over["id"], ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "LOST"), 60)
     assert (ended["state"], ended["reason"]) == ("FAILED", "used 6 GB of its 4 GB share on GPU 0")
     doctor = server.cli("doctor")
     assert "GPU shares" in doctor.stdout and "for 1s (MPS off)" in doctor.stdout, doctor.stdout
@@ -257,7 +257,7 @@ def test_watcher_runs_with_monitoring_off(live_server: Any) -> None:
 def test_jobs_sharing_a_card_are_not_rogues_to_each_other(live_server: Any) -> None:
     server = live_server(fake_gpus="1xA100-80GB", config=FAST)
     client = server.client()
-    jobs = [client.submit([*ALLOC, "2G", "--seconds", "30"], gpus=share, time_limit="1m") for share in (0.25, 0.5)]
+    jobs = [client.submit([*ALLOC, "2G", "--seconds", "90"], gpus=share, time_limit="2m") for share in (0.25, 0.5)]
     for job in jobs:
         wait_job(client, job["id"], ("RUNNING",), 30)
 
@@ -265,7 +265,7 @@ def test_jobs_sharing_a_card_are_not_rogues_to_each_other(live_server: Any) -> N
         holders = client.gpu_report()["gpus"][0]["holders"]
         return len(holders) == 2 and all(h["used_mb"] == 2048 for h in holders)
 
-    wait_until(both_read, 15, "the watcher's reading of both jobs on GPU 0")
+    wait_until(both_read, 30, "the watcher's reading of both jobs on GPU 0")
     time.sleep(1.0)  # a few more monitor ticks
     rogues = client.api("GET", "findings", params={"kind": "rogue_process"})["findings"]
     assert rogues == [], rogues
