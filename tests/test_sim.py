@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from jupyter_gpujobs.sim import POLICIES, read_trace, simulate, typical_limit
@@ -29,7 +30,13 @@ def test_replay_metrics_are_consistent(tmp_path: Path) -> None:
         assert 0 < m["utilization"] <= 1 and abs(m["utilization"] - work / (4 * m["makespan"])) < 1e-9
         assert m["p50_wait"] <= m["p99_wait"] and m["mean_jct"] >= m["mean_wait"]
         assert 0 < m["jain_slowdown"] <= 1 and m["mean_bsld"] >= 1
-        assert 0 <= m["predicted_ok"] <= 1
+        assert 0 <= m["predicted_1m"] <= m["predicted_ok"] <= 1 and m["waited_1m"] <= m["waited_ok"]
+        assert res.bounds_n + res.predictions_n == res.waited_n > 0
+    # expected starts from time limits only: every estimate of a job that waited is a bound,
+    # and here (no job arrives later to go first) each is kept
+    limits = simulate(trace, replace(POLICIES["default"], use_predictions=False), hosts=1, gpus_per_host=4)
+    assert limits.bounds_n == limits.waited_n and limits.bounds_kept == limits.bounds_n
+    assert limits.wait == results["default"].wait and limits.jct == results["default"].jct  # no start changes
     fifo, fill = results["fifo"].metrics(), results["fifo+backfill"].metrics()
     assert fill["mean_wait"] <= fifo["mean_wait"]
     # under fifo nobody passes anybody: start order is submit order
