@@ -39,6 +39,50 @@ export interface IGPU {
   draining?: boolean;
   job_id: number | null;
   user: string | null;
+  /** Who holds how much of it: each running job on it; several on a shared GPU. */
+  holders?: IGPUHolder[];
+}
+
+export interface IGPUHolder {
+  job_id: number;
+  user: string;
+  /** The part of the card the job holds (0-1); null: the whole card. */
+  share: number | null;
+  memory_mb: number;
+  used_mb: number | null;
+}
+
+/** An advance reservation (`GET reservations`) with its active or next occurrence. */
+export interface IReservation {
+  id: number;
+  name: string;
+  label: string;
+  gpus: number;
+  gpu_type: string | null;
+  host: string | null;
+  start: number;
+  duration_s: number;
+  repeat: 'daily' | 'weekly' | null;
+  users: string[];
+  groups: string[];
+  holders: string;
+  created_by: string;
+  next_start: number | null;
+  next_end: number | null;
+  active: boolean;
+  assigned: { host: string; gpus: number[]; text: string } | null;
+}
+
+/** My notification settings (`GET notifications`). */
+export interface INotifications {
+  user: string;
+  email: string | null;
+  webhook: string | null;
+  events: string[];
+  updated_at: number | null;
+  email_available: boolean;
+  kinds: string[];
+  webhook_hosts: string[];
 }
 
 export interface IGPUInventory {
@@ -290,6 +334,13 @@ export const api = {
   heatmap: (span: number) => requestAPI<IHeatmap>(`usage/heatmap?since=${Math.round(span)}s`),
   queueHistory: (span: number, step: number) =>
     requestAPI<IQueueHistory>(`usage/queue?since=${Math.round(span)}s&step=${step}`),
+  reservations: () => requestAPI<{ reservations: IReservation[] }>('reservations'),
+  notifications: () => requestAPI<INotifications>('notifications'),
+  setNotifications: (body: { email?: string | null; webhook?: string | null; events?: string[] }) =>
+    requestAPI<INotifications>('notifications', { method: 'PUT', body: JSON.stringify(body) }),
+  notificationsOff: () => requestAPI<INotifications>('notifications', { method: 'DELETE' }),
+  testNotifications: () =>
+    requestAPI<{ queued: string[] }>('notifications/test', { method: 'POST', body: '{}' }),
   findings: (openOnly = true) =>
     requestAPI<{ findings: IFinding[] }>(`findings?open=${openOnly ? 1 : 0}&limit=500`),
   resolveFinding: (id: number) =>

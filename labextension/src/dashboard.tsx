@@ -26,6 +26,7 @@ import { VegaChart } from './charts';
 import { formatAgo, formatDuration, formatGiB, nowSeconds } from './format';
 import { chartIcon } from './icons';
 import { GPUJobsModel } from './model';
+import { Reservations } from './panel';
 
 export type Range = 'hour' | 'day' | 'week';
 
@@ -657,6 +658,11 @@ function DashboardView(props: {
             empty={model.loaded ? 'No job started in this range.' : 'Loading…'}
           />
         </Card>
+        {jobs.reservations.length > 0 && (
+          <Card name="reservations" title="Reservations" note="GPUs kept for some users or groups" size="wide">
+            <Reservations reservations={jobs.reservations} now={nowSeconds()} me={jobs.user} />
+          </Card>
+        )}
         <Card
           name="findings"
           title="Open findings"

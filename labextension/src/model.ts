@@ -13,7 +13,9 @@ import {
   IGPU,
   IJob,
   IJobEvent,
+  INotifications,
   IQuota,
+  IReservation,
   SocketMessage,
   api,
   eventsUrl
@@ -41,6 +43,10 @@ export class GPUJobsModel {
   queue: IJob[] = [];
   queueTotal = 0;
   quota: IQuota | null = null;
+  /** Advance reservations (none on an engine without them). */
+  reservations: IReservation[] = [];
+  /** My e-mail / webhook notifications; null where the engine has none to offer. */
+  notifications: INotifications | null = null;
   /** null until the first answer; then the last error or null. */
   error: APIError | null = null;
   loaded = false;
@@ -122,6 +128,16 @@ export class GPUJobsModel {
     }
   }
 
+  /** Re-read my notification settings (after a change). */
+  async refreshNotifications(): Promise<void> {
+    try {
+      this.notifications = await api.notifications();
+    } catch {
+      this.notifications = null; // an engine without notifications
+    }
+    this._changed.emit();
+  }
+
   async cancel(id: number): Promise<IJob> {
     const job = await api.cancel(id);
     this._mergeJob(job, null);
@@ -147,12 +163,21 @@ export class GPUJobsModel {
         this.user = me.user;
         this.admin = me.admin;
       }
-      const [inventory, jobs, queue, quota] = await Promise.all([
+      const [inventory, jobs, queue, quota, reservations] = await Promise.all([
         api.gpus(),
         api.jobs(this.user!),
         api.queue(),
-        api.quota()
+        api.quota(),
+        api.reservations().then(
+          r => r.reservations,
+          () => [] as IReservation[] // an engine without reservations
+        )
       ]);
+      this.reservations = reservations;
+      if (!this._notificationsAsked) {
+        this._notificationsAsked = true;
+        await this.refreshNotifications();
+      }
       this.gpus = inventory.gpus;
       this.backend = inventory.backend;
       this.isolation = inventory.isolation || '';
@@ -326,6 +351,7 @@ export class GPUJobsModel {
   private _known = new Map<number, string>();
   private _emitted = new Set<string>();
   private _primed = false;
+  private _notificationsAsked = false;
   private _disposed = false;
   private _socket: WebSocket | null = null;
   private _backoff = 1000;

@@ -5,7 +5,7 @@
  */
 import * as React from 'react';
 import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
-import { FINAL_STATES, IGPU, IJob, IQuota } from './api';
+import { FINAL_STATES, IGPU, IGPUHolder, IJob, IQuota, IReservation, api } from './api';
 import {
   endReason,
   formatAgo,
@@ -20,6 +20,7 @@ import {
 } from './format';
 import { chartIcon, gpuIcon } from './icons';
 import { GPUJobsModel } from './model';
+import { describeNotifications, editNotifications } from './notify';
 
 export interface IPanelActions {
   cancel(job: IJob): void;
@@ -128,9 +129,19 @@ function PanelView(props: {
               <FinishedJobs jobs={finished} now={now} actions={actions} />
             </Section>
           )}
+          {model.reservations.length > 0 && (
+            <Section title="Reservations" name="reservations" count={model.reservations.length}>
+              <Reservations reservations={model.reservations} now={now} me={model.user} />
+            </Section>
+          )}
           <Section title="My quota" name="quota">
             <Quota quota={model.quota} gpusOnServer={model.gpus.length} />
           </Section>
+          {model.notifications && (
+            <Section title="Notifications" name="notifications">
+              <NotificationSettings model={model} />
+            </Section>
+          )}
         </>
       )}
     </div>
@@ -210,7 +221,8 @@ function GPUList(props: {
           key={`${g.host}:${g.index}`}
           gpu={g}
           showHost={hosts.size > 1}
-          mine={!!props.me && g.user === props.me}
+          mine={!!props.me && (g.user === props.me || (g.holders ?? []).some(h => h.user === props.me))}
+          me={props.me}
         />
       ))}
     </div>
@@ -226,8 +238,11 @@ function GPUCard(props: {
   gpu: IGPU;
   showHost: boolean;
   mine: boolean;
+  me: string | null;
 }): React.ReactElement {
   const g = props.gpu;
+  const holders = g.holders ?? [];
+  const shared = holders.some(h => h.share !== null && h.share !== undefined);
   const util = Math.max(0, Math.min(100, g.utilization || 0));
   const memFraction = g.memory_total_mb ? g.memory_used_mb / g.memory_total_mb : 0;
   const unhealthy = g.healthy === false;
@@ -268,7 +283,11 @@ function GPUCard(props: {
           ) : g.draining ? (
             <span className="jp-GPUJobs-tag jp-mod-warn">draining</span>
           ) : null}
-          {g.job_id !== null ? (
+          {shared ? (
+            <span className="jp-GPUJobs-tag jp-mod-shared" title="Several jobs share this GPU, each with its part of it">
+              shared
+            </span>
+          ) : g.job_id !== null ? (
             <span className="jp-GPUJobs-holderJob" title={`held by job #${g.job_id} of ${g.user}`}>
               job #{g.job_id} · {props.mine ? 'you' : g.user}
             </span>
@@ -276,9 +295,44 @@ function GPUCard(props: {
             <span className="jp-GPUJobs-tag jp-mod-free">free</span>
           )}
         </div>
+        {shared && <Shares gpu={g} me={props.me} />}
       </div>
     </div>
   );
+}
+
+/** The jobs sharing a GPU, each with its part of the card and of its memory. */
+function Shares(props: { gpu: IGPU; me: string | null }): React.ReactElement {
+  const holders = props.gpu.holders ?? [];
+  return (
+    <div className="jp-GPUJobs-shares">
+      <div className="jp-GPUJobs-shareBar" title="the card's parts held by jobs">
+        {holders.map((h, i) => (
+          <div
+            key={h.job_id}
+            className={`jp-GPUJobs-sharePart jp-mod-part${i % 4} ${h.user === props.me ? 'jp-mod-mine' : ''}`}
+            style={{ width: `${((h.share ?? 1) * 100).toFixed(1)}%` }}
+          />
+        ))}
+      </div>
+      <ul className="jp-GPUJobs-shareList">
+        {holders.map((h, i) => (
+          <li key={h.job_id} data-job-id={h.job_id}>
+            <span className={`jp-GPUJobs-shareDot jp-mod-part${i % 4}`} />
+            <span title={`job #${h.job_id} of ${h.user}: ${shareText(h)}`}>
+              #{h.job_id} · {h.user === props.me ? 'you' : h.user} · {shareText(h)}
+            </span>
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+function shareText(h: IGPUHolder): string {
+  const part = h.share === null ? 'whole card' : `${Math.round(h.share * 100)}%`;
+  const used = h.used_mb !== null && h.used_mb !== undefined ? `${formatGiB(h.used_mb)} of ` : '';
+  return `${part} · ${used}${formatGiB(h.memory_mb)} GiB`;
 }
 
 const R = 19;
@@ -691,6 +745,130 @@ function QuotaBar(props: {
           )}
         </div>
       )}
+    </div>
+  );
+}
+
+// ----------------------------------------------------------- reservations
+
+/** When a reservation is on: "now, until 18:00", or its next occurrence. */
+export function reservationWhen(r: IReservation, now: number): string {
+  const fmt = (t: number) =>
+    new Date(t * 1000).toLocaleString(undefined, { weekday: 'short', hour: '2-digit', minute: '2-digit' });
+  const every = r.repeat ? ` (${r.repeat})` : '';
+  if (r.next_start === null || r.next_end === null) {
+    return 'over';
+  }
+  if (r.active || (r.next_start <= now && now < r.next_end)) {
+    return `now, for ${formatDuration(r.next_end - now)} more${every}`;
+  }
+  return `${fmt(r.next_start)} – ${fmt(r.next_end)}, in ${formatDuration(r.next_start - now)}${every}`;
+}
+
+export function Reservations(props: {
+  reservations: IReservation[];
+  now: number;
+  me: string | null;
+}): React.ReactElement {
+  return (
+    <ul className="jp-GPUJobs-reservations">
+      {props.reservations.map(r => {
+        const on = r.active || (r.next_start !== null && r.next_start <= props.now && props.now < (r.next_end ?? 0));
+        const mine = !!props.me && r.users.includes(props.me);
+        return (
+          <li
+            key={r.id}
+            className={`jp-GPUJobs-reservation ${on ? 'jp-mod-active' : ''}`}
+            data-reservation-id={r.id}
+          >
+            <div className="jp-GPUJobs-reservationHead">
+              <span className="jp-GPUJobs-reservationName">{r.label || r.name || `reservation ${r.id}`}</span>
+              {on && <span className="jp-GPUJobs-tag jp-mod-warn">on now</span>}
+              {mine && <span className="jp-GPUJobs-tag jp-mod-free">yours</span>}
+            </div>
+            <div className="jp-GPUJobs-reservationMeta">
+              {r.gpus}×{r.gpu_type || 'GPU'}
+              {r.holders ? ` for ${r.holders}` : ''}
+              {r.assigned?.text ? ` · ${r.assigned.text}` : ''}
+            </div>
+            <div className="jp-GPUJobs-reservationWhen">{reservationWhen(r, props.now)}</div>
+          </li>
+        );
+      })}
+    </ul>
+  );
+}
+
+// ---------------------------------------------------------- notifications
+
+function NotificationSettings(props: { model: GPUJobsModel }): React.ReactElement {
+  const { model } = props;
+  const n = model.notifications;
+  const [message, setMessage] = React.useState<string | null>(null);
+  const on = !!n && (!!n.email || !!n.webhook);
+  const act = async (action: () => Promise<string | null>) => {
+    try {
+      setMessage(await action());
+    } catch (error) {
+      setMessage((error as Error).message);
+    }
+  };
+  return (
+    <div className="jp-GPUJobs-notify" data-on={on}>
+      <div className="jp-GPUJobs-notifyText">{describeNotifications(n)}</div>
+      {!on && (
+        <div className="jp-GPUJobs-hint">
+          Get an e-mail or a chat message when a job ends, fails or nears its time limit.
+        </div>
+      )}
+      <div className="jp-GPUJobs-actions">
+        <button
+          className="jp-GPUJobs-button jp-mod-accept"
+          data-action="notify-edit"
+          onClick={() =>
+            void act(async () => {
+              const saved = n && (await editNotifications(n));
+              if (saved) {
+                await model.refreshNotifications();
+                return 'Saved.';
+              }
+              return null;
+            })
+          }
+        >
+          {on ? 'Change…' : 'Notify me…'}
+        </button>
+        {on && (
+          <button
+            className="jp-GPUJobs-button"
+            data-action="notify-test"
+            onClick={() =>
+              void act(async () => {
+                const { queued } = await api.testNotifications();
+                return `Test message sent (${queued.join(' and ')}).`;
+              })
+            }
+          >
+            Send a test
+          </button>
+        )}
+        {on && (
+          <button
+            className="jp-GPUJobs-button jp-mod-warn"
+            data-action="notify-off"
+            onClick={() =>
+              void act(async () => {
+                await api.notificationsOff();
+                await model.refreshNotifications();
+                return 'Turned off.';
+              })
+            }
+          >
+            Turn off
+          </button>
+        )}
+      </div>
+      {message && <div className="jp-GPUJobs-hint jp-GPUJobs-notifyMessage">{message}</div>}
     </div>
   );
 }

@@ -213,6 +213,63 @@ def test_queue_names_each_job_with_its_reason_and_start_before_finished_jobs(pag
     screenshot(page, "panel-quota", quota)
 
 
+def test_gpu_shares_reservations_and_notification_settings_in_the_panel(page: Any, client: Any, lab: Lab) -> None:
+    """Two jobs on halves of one GPU show on its card with their parts; an advance reservation
+    shows with when it is on; notifications are opted into (a webhook) and off again."""
+    import httpx
+
+    panel = open_panel(page)
+    halves = [client.submit(sleeper(60), gpus=0.5, time_limit="2m", name=f"half-{i}") for i in range(2)]
+    wait_for(lambda: all(client.job(j["id"])["state"] == "RUNNING" for j in halves), 20, "both halves to run")
+    card = panel.locator(".jp-GPUJobs-gpu", has=page.locator(".jp-GPUJobs-tag.jp-mod-shared"))
+    card.wait_for(timeout=10000)
+    items = card.locator(".jp-GPUJobs-shareList li")
+    wait_for(lambda: items.count() == 2, 10, "the two shares on the card")
+    assert {int(items.nth(i).get_attribute("data-job-id") or 0) for i in range(2)} == {j["id"] for j in halves}
+    assert "you · 50% · " in items.first.inner_text()
+    assert card.locator(".jp-GPUJobs-sharePart").count() == 2
+    screenshot(page, "panel-shares", card)
+    for j in halves:
+        client.cancel(j["id"])
+
+    r = httpx.post(lab.url + "gpujobs/api/reservations",
+                   json={"gpus": 1, "start": "+2h", "duration": "1h", "users": ["alice"], "name": "demo-day"},
+                   timeout=10)
+    assert r.status_code in (200, 201), r.text
+    rid = r.json()["id"]
+    try:
+        item = panel.locator(f'.jp-GPUJobs-reservation[data-reservation-id="{rid}"]')
+        item.wait_for(timeout=15000)
+        text = item.inner_text()
+        assert "demo-day" in text and "1×GPU" in text and "alice" in text, text
+        assert re.search(r"in (1h 5\dm|2h)", text), text
+        screenshot(page, "panel-reservation", panel.locator(".jp-GPUJobs-section-reservations"))
+    finally:
+        httpx.delete(lab.url + f"gpujobs/api/reservations/{rid}", timeout=10)
+    item.wait_for(state="detached", timeout=15000)
+
+    notify = panel.locator(".jp-GPUJobs-notify")
+    notify.wait_for(timeout=10000)
+    assert notify.get_attribute("data-on") == "false"
+    assert "Off" in notify.inner_text()
+    notify.locator('button[data-action="notify-edit"]').click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=5000)
+    dialog.locator('input[name="webhook"]').fill("https://hooks.example.org/services/T0/B0/x")
+    dialog.locator('input[name="events"][value="started"]').check()
+    dialog.locator("button", has_text="Save").click()
+    wait_for(lambda: notify.get_attribute("data-on") == "true", 10, "notifications on")
+    assert "webhook to hooks.example.org" in notify.inner_text()
+    assert "started" in notify.inner_text()
+    saved = httpx.get(lab.url + "gpujobs/api/notifications", timeout=10).json()
+    assert saved["webhook"] == "https://hooks.example.org/services/T0/B0/x" and "started" in saved["events"]
+    assert notify.locator('button[data-action="notify-test"]').count() == 1
+    screenshot(page, "panel-notify", panel.locator(".jp-GPUJobs-section-notifications"))
+    notify.locator('button[data-action="notify-off"]').click()
+    wait_for(lambda: notify.get_attribute("data-on") == "false", 10, "notifications off")
+    assert httpx.get(lab.url + "gpujobs/api/notifications", timeout=10).json()["webhook"] is None
+
+
 # ------------------------------------------------------------------------- cancel
 
 
