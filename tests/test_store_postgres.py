@@ -123,3 +123,18 @@ def test_upgrade_from_the_first_schema_keeps_jobs_on_postgres(fresh_database: st
 
 def test_a_newer_schema_is_refused_unchanged_on_postgres(fresh_database: str) -> None:
     check_newer_schema_is_refused(fresh_database)
+
+
+def test_shares_hold_one_card_together_but_never_beside_a_whole_job_on_postgres(store: Store) -> None:
+    now = time.time()
+    jobs = store.add_jobs([{"user": "alice", "command": ["true"], "gpus": 1, "share": 0.5} for _ in range(3)]
+                          + [{"user": "bob", "command": ["true"], "gpus": 1}], actor="alice", now=now)
+    a, b, c, whole = (j.id for j in jobs)
+    assert store.get(a).share == 0.5
+    assert store.start(a, "localhost", [(0, "GPU-0")], now, share=0.5) is not None
+    assert store.start(b, "localhost", [(0, "GPU-0")], now, share=0.5) is not None
+    with pytest.raises(GPUAlreadyAllocated):  # the card is full
+        store.start(c, "localhost", [(0, "GPU-0")], now, share=0.5)
+    with pytest.raises(GPUAlreadyAllocated):  # it holds shares
+        store.start(whole, "localhost", [(0, "GPU-0")], now)
+    assert sorted(x["share"] for x in store.active_allocations()) == [0.5, 0.5]
