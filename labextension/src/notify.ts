@@ -176,5 +176,5 @@ export function describeNotifications(n: INotifications | null): string {
     to.push(`webhook to ${host}`);
   }
   const events = n.events.length ? n.events.join(', ') : 'nothing';
-  return `On: ${to.join(' and ')}, when ${events}.`;
+  return `On: ${to.join(' and ')}, for: ${events}.`;
 }

@@ -260,7 +260,7 @@ def test_gpu_shares_reservations_and_notification_settings_in_the_panel(page: An
     dialog.locator("button", has_text="Save").click()
     wait_for(lambda: notify.get_attribute("data-on") == "true", 10, "notifications on")
     assert "webhook to hooks.example.org" in notify.inner_text()
-    assert "started" in notify.inner_text()
+    assert "for: started" in notify.inner_text()
     saved = httpx.get(lab.url + "gpujobs/api/notifications", timeout=10).json()
     assert saved["webhook"] == "https://hooks.example.org/services/T0/B0/x" and "started" in saved["events"]
     assert notify.locator('button[data-action="notify-test"]').count() == 1
