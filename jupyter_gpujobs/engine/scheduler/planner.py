@@ -17,6 +17,7 @@ failed preemption attempts are memoised the same way.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from heapq import heapify, heappop, heappush, heapreplace
@@ -589,9 +590,7 @@ class _Cycle:
                         hole = cl.hole[p]
                         self.deep.started_now(cl.pool_name[p], sum(1 for i in idx if i not in hole), now, now + limit)
                     if self.pred is not None:
-                        if j.predicted_runtime_s is not None:
-                            self.any_pred = True
-                        self.pred.started_now(cl.pool_name[p], k, now, now + self._predicted(j, limit))
+                        self._pred_started(j, p, k, limit)
                     return
             if policy.preemption and self._try_preempt(j, k, limit, view):
                 return
@@ -711,6 +710,8 @@ class _Cycle:
                     self._cluster_changed()
                     if opened and self.deep is not None:  # a free card is busy now
                         self.deep.started_now(cl.pool_name[p], 1, now, now + limit)
+                    if opened and self.pred is not None:
+                        self._pred_started(j, p, 1, limit)
                     return
             if self.fifo_blocked is not None and not policy.backfill:
                 why = f"behind job {self.fifo_blocked} (first in line)"
@@ -1073,6 +1074,31 @@ class _Cycle:
     def _predicted(self, j: Job, limit: float) -> float:
         p = j.predicted_runtime_s
         return limit if p is None or p > limit else max(1.0, p)
+
+    def _pred_started(self, j: Job, p: int, k: int, limit: float) -> None:
+        """A job started now on k free GPUs of pool p: they are busy on the line of predicted
+        ends until its predicted end (and in the pool's packing floor)."""
+        assert self.pred is not None
+        now = self.now
+        end = now + self._predicted(j, limit)
+        self.pred.started_now(self.cluster.pool_name[p], k, now, end)
+        pools = self.pred_pools
+        pool = pools[p]
+        before = pool[:]
+        for _ in range(k):
+            if pool and pool[0] <= now:
+                pool.pop(0)
+                insort(pool, end)
+        for v, _ in self.cluster.memberships[p]:  # the packing floors that came from this pool
+            pv = self.pred_views.get(id(v))
+            if pv is None:
+                continue
+            packed = pv[1]
+            for kk in range(1, len(pool) + 1):
+                if pool[kk - 1] != before[kk - 1] and packed[kk] == before[kk - 1]:
+                    packed[kk] = min((pools[q][kk - 1] for q in v.pids if len(pools[q]) >= kk), default=INF)
+        if j.predicted_runtime_s is not None:
+            self.any_pred = True
 
     def _pred_view(self, view: View) -> tuple[list[float] | None, list[float]]:
         """For the line of predicted ends: the heap of a view whose GPUs are all one model (else
