@@ -177,6 +177,18 @@ def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(pa
     finally:
         for gpu in (0, 1):
             httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": gpu, "draining": False}, timeout=10)
+    # advance reservations have a card of their own while there are any
+    r = httpx.post(lab.url + "gpujobs/api/reservations",
+                   json={"gpus": 2, "start": "+1h", "duration": "30m", "groups": ["vision"], "name": "retreat"},
+                   timeout=10)
+    assert r.status_code in (200, 201), r.text
+    try:
+        card = dash.locator('.jp-GPUDash-card[data-card="reservations"]')
+        card.wait_for(timeout=15000)
+        assert "retreat" in card.inner_text() and "2×GPU for group vision" in card.inner_text()
+    finally:
+        httpx.delete(lab.url + f"gpujobs/api/reservations/{r.json()['id']}", timeout=10)
+    card.wait_for(state="detached", timeout=15000)
 
 
 def _seed_history(lab: Any, client: Any) -> None:
