@@ -65,7 +65,7 @@ def measure(ids: list[int], get: Callable[[int], dict[str, Any]], out: Path,
     uids = {i: int((out / f"{i}.uid").read_text()) for i in ids}
     times = {i: {e["state"]: float(e["time"]) for e in events(i)} for i in ids}
     gaps: list[float] = []
-    parts: dict[str, list[float]] = {"detect": [], "decide": [], "spawn": []}
+    parts: dict[str, list[float]] = {"detect": [], "result": [], "record": [], "decide": [], "spawn": []}
     for gpu in range(GPUS):
         on_gpu = sorted((i for i in ids if jobs[i]["assigned_gpus"] == [gpu]), key=start.__getitem__)
         for a, b in zip(on_gpu, on_gpu[1:]):
@@ -73,6 +73,9 @@ def measure(ids: list[int], get: Callable[[int], dict[str, Any]], out: Path,
             ended, running = times[a].get("COMPLETED"), times[b].get("RUNNING")
             if ended is not None and running is not None:
                 parts["detect"].append(ended - end[a])
+                if jobs[a].get("ended_at"):  # the supervisor's result time
+                    parts["result"].append(float(jobs[a]["ended_at"]) - end[a])
+                    parts["record"].append(ended - float(jobs[a]["ended_at"]))
                 parts["decide"].append(running - ended)
                 parts["spawn"].append(start[b] - running)
     return {"latency": statistics.median(gaps), "p90": sorted(gaps)[int(0.9 * (len(gaps) - 1))],
@@ -142,7 +145,8 @@ def main() -> None:
     print(f"{'GPU free -> next job running, median':34}{s['latency'] * 1000:>13.1f} ms{e['latency'] * 1000:>15.1f} ms"
           f"{'<= 50 ms':>18}")
     print(f"{'  90th percentile':34}{s['p90'] * 1000:>13.1f} ms{e['p90'] * 1000:>15.1f} ms")
-    for key, text in (("detect", "end seen and recorded"), ("decide", "next job decided, RUNNING"),
+    for key, text in (("detect", "end seen and recorded"), ("result", "  supervisor's result"),
+                      ("record", "  engine records it"), ("decide", "next job decided, RUNNING"),
                       ("spawn", "its process running")):
         print(f"{'  of which ' + text:34}{s[key] * 1000:>13.1f} ms{e[key] * 1000:>15.1f} ms")
     print(f"{'makespan':34}{s['makespan']:>14.2f} s{e['makespan']:>16.2f} s{'':>18}")

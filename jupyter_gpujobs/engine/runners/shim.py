@@ -95,6 +95,19 @@ def how_it_ended(exit_code: int | None, sig: int | None) -> str:
 
 
 _LIBC: Any = None
+#: The write end of the pipe the runner watches (see local.py); closed once the result is
+#: written, so the engine reads it then, not after this interpreter's shutdown.
+_EXIT_FD: int | None = None
+
+
+def _tell_runner() -> None:
+    global _EXIT_FD
+    if _EXIT_FD is not None:
+        try:
+            os.close(_EXIT_FD)
+        except OSError:
+            pass
+        _EXIT_FD = None
 
 
 def _libc() -> Any:
@@ -486,6 +499,7 @@ class Shim:
         while True:
             try:
                 write_json_atomic(self.result_path, result)
+                _tell_runner()
                 return
             except OSError as err:
                 if err.errno not in (errno_.ENOSPC, errno_.EDQUOT, errno_.EROFS):
@@ -648,10 +662,12 @@ def standby() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     # the write end of the pipe the runner watches: held until this process exits, never by the job
+    global _EXIT_FD
     exit_fd = os.environ.pop("GPUJOBS_SHIM_EXIT_FD", "")
     if exit_fd.isdigit():
         try:
             os.set_inheritable(int(exit_fd), False)
+            _EXIT_FD = int(exit_fd)
         except OSError:
             pass
     if args == ["--standby"]:
