@@ -150,9 +150,11 @@ def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(pa
     panel.locator('button[data-action="dashboard"]').click()
     dash = page.locator("#gpujobs-dashboard-area")
     dash.wait_for(state="visible", timeout=15000)
-    none = dash.locator(".jp-GPUDash-none")
-    none.wait_for(timeout=15000)
-    assert "No open findings" in none.inner_text()
+    # the findings have been read: none, or some (other servers' test processes on this
+    # machine can show up on fake GPUs as rogue processes), but no drained GPU
+    dash.locator("[data-findings]").first.wait_for(timeout=15000)
+    drained = dash.locator('.jp-GPUDash-finding[data-kind="gpu_drained"]')
+    assert drained.count() == 0
     r = httpx.post(lab.url + "gpujobs/api/gpus/drain", json={"gpu": 1, "reason": "fan noise"}, timeout=10)
     assert r.status_code == 200, r.text
     try:
@@ -164,7 +166,7 @@ def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(pa
         wait_for(lambda: "1 draining" in tile.inner_text(), 10, "the GPU tile to count the drained GPU")
         finding.locator('button[data-action="undrain"]').click()
         finding.wait_for(state="detached", timeout=10000)
-        assert dash.locator(".jp-GPUDash-none").count() == 1
+        assert drained.count() == 0
         gpus = httpx.get(lab.url + "gpujobs/api/gpus", timeout=10).json()["gpus"]
         assert [g["draining"] for g in gpus] == [False, False]
         # Drain from a finding about a GPU, then undrain it again from the same card.
