@@ -111,6 +111,8 @@ export interface IJob {
   reason: string | null;
   position: number | null;
   expected_start: number | null;
+  /** "prediction" (from past runtimes) or "bound" (from time limits); null without an estimate */
+  expected_start_kind?: 'bound' | 'prediction' | null;
   priority: string;
   group: string | null;
   preemptible: boolean;

@@ -29,7 +29,11 @@ function pad(n: number): string {
 }
 
 /** "in 3m 10s", "now", or "unknown" for an epoch-seconds time. */
-export function formatStart(epoch: number | null | undefined, now: number): string {
+export function formatStart(
+  epoch: number | null | undefined,
+  now: number,
+  kind?: 'bound' | 'prediction' | null
+): string {
   if (epoch === null || epoch === undefined) {
     return 'unknown';
   }
@@ -37,11 +41,25 @@ export function formatStart(epoch: number | null | undefined, now: number): stri
   if (delta <= 1) {
     return 'now';
   }
-  return `in ${formatDuration(delta)}`;
+  const rel = `in ${formatDuration(delta)}`;
+  if (!kind) {
+    return rel;
+  }
+  // as the engine words it: a prediction from past runtimes, or a bound from time limits
+  const at = new Date(epoch * 1000);
+  const clock =
+    delta < 20 * 3600
+      ? at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })
+      : at.toLocaleString([], { weekday: 'short', hour: '2-digit', minute: '2-digit' });
+  return kind === 'prediction' ? `about ${clock} (${rel})` : `by ${clock} at the latest (${rel})`;
 }
 
-/** Coarse: "in 4m", "in 1h 05m", "now" (for narrow tables). */
-export function formatStartShort(epoch: number | null | undefined, now: number): string {
+/** Coarse: "4m", "1h 05m", "now" (for narrow tables); "~4m" for a prediction, "≤4m" for a bound. */
+export function formatStartShort(
+  epoch: number | null | undefined,
+  now: number,
+  kind?: 'bound' | 'prediction' | null
+): string {
   if (epoch === null || epoch === undefined) {
     return '?';
   }
@@ -49,13 +67,14 @@ export function formatStartShort(epoch: number | null | undefined, now: number):
   if (delta <= 1) {
     return 'now';
   }
+  const mark = kind === 'prediction' ? '~' : kind === 'bound' ? '≤' : '';
   if (delta < 60) {
-    return `${Math.round(delta)}s`;
+    return `${mark}${Math.round(delta)}s`;
   }
   if (delta < 3600) {
-    return `${Math.round(delta / 60)}m`;
+    return `${mark}${Math.round(delta / 60)}m`;
   }
-  return formatDuration(Math.round(delta / 60) * 60);
+  return mark + formatDuration(Math.round(delta / 60) * 60);
 }
 
 export function formatAgo(epoch: number | null | undefined, now: number): string {

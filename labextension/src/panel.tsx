@@ -466,7 +466,7 @@ function JobRow(props: {
         <div className="jp-GPUJobs-jobDetail">
           <span className="jp-GPUJobs-expected">
             {job.position ? `#${job.position} in queue · ` : ''}
-            starts {formatStart(job.expected_start, now)}
+            starts {formatStart(job.expected_start, now, job.expected_start_kind)}
           </span>
           {job.reason && <div className="jp-GPUJobs-reason">{job.reason}</div>}
         </div>
@@ -622,8 +622,11 @@ function Queue(props: {
                 </div>
               )}
             </td>
-            <td className="jp-GPUJobs-starts" title={`expected start: ${formatStart(job.expected_start, props.now)}`}>
-              {formatStartShort(job.expected_start, props.now)}
+            <td
+              className="jp-GPUJobs-starts"
+              title={`expected start: ${formatStart(job.expected_start, props.now, job.expected_start_kind)}`}
+            >
+              {formatStartShort(job.expected_start, props.now, job.expected_start_kind)}
             </td>
           </tr>
         ))}

@@ -164,7 +164,11 @@ def test_pending_job_shows_queue_position_reason_and_expected_start(page: Any, c
     row.wait_for(timeout=5000)
     wait_for(lambda: job_row(page, running["id"]).get_attribute("data-state") == "RUNNING", 15, "hog running")
     text = wait_for(lambda: "in queue" in row.inner_text() and row.inner_text(), 10, "the queue position")
-    assert "starts" in text
+    # no history of "waiter": its start is a bound from the hog's time limit, and says so
+    kind = client.job(waiting["id"])["expected_start_kind"]
+    assert kind == "bound", kind
+    wait_for(lambda: "at the latest" in row.inner_text(), 10, "the start said as a bound")
+    assert re.search(r"starts by \d\d:\d\d.* at the latest \(in \d", row.inner_text()), row.inner_text()
     queue_row = panel.locator(f'.jp-GPUJobs-queue tr[data-job-id="{waiting["id"]}"]')
     queue_row.wait_for(timeout=5000)
     assert "1×any GPU" in queue_row.inner_text()
@@ -197,8 +201,10 @@ def test_queue_names_each_job_with_its_reason_and_start_before_finished_jobs(pag
     wait_for(lambda: row.locator(".jp-GPUJobs-qReason").count() == 1, 10, "the reason in the queue")
     assert row.locator(".jp-GPUJobs-qReason").inner_text() == view["reason"]
     starts = row.locator(".jp-GPUJobs-starts")
-    assert re.fullmatch(r"now|\d+s|\d+m|\d+h.*", starts.inner_text()), starts.inner_text()
+    assert re.fullmatch(r"now|[~≤]?(\d+s|\d+m|\d+h.*)", starts.inner_text()), starts.inner_text()
     assert (starts.get_attribute("title") or "").startswith("expected start: ")
+    if view["expected_start_kind"] == "bound":
+        assert starts.inner_text().startswith("≤") and "at the latest" in (starts.get_attribute("title") or "")
     # sections in this order: GPUs, my (active) jobs, the queue, then my finished jobs
     order = panel.evaluate(
         "p => [...p.querySelectorAll('.jp-GPUJobs-section')].map(s => s.className.match(/section-(\\w+)/)[1])")
