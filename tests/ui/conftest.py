@@ -17,7 +17,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from labtools import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, Lab, open_lab, start_lab, stop_lab  # noqa: E402
+from labtools import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    SCREENSHOTS,
+    Lab,
+    drain_engine,
+    open_lab,
+    start_lab,
+    stop_lab,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +63,14 @@ def client(lab: Lab) -> Iterator[Any]:
 
     with GPUJobsClient(url=lab.url, token="") as c:
         yield c
+
+
+@pytest.fixture
+def idle_engine(client: Any) -> Iterator[None]:
+    """The test starts (and leaves) the Lab's engine with nothing pending or running."""
+    drain_engine(client)
+    yield
+    drain_engine(client)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,3 +220,41 @@ def copy_to_docs(path: Path, name: str) -> None:
     dest = REPO / "docs" / "images" / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, dest)
+
+
+# ------------------------------------------------------------------ jobs and waits for UI tests
+
+
+def sleeper(seconds: float, code: int = 0) -> list[str]:
+    """A job that sleeps, then exits with `code`."""
+    return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({code})"]
+
+
+def burner(seconds: float, share: float) -> list[str]:
+    """Busy `share` of the time: fake GPUs show the CPU use of their jobs as utilization."""
+    code = (f"import time\nend = time.time() + {seconds}\n"
+            f"while time.time() < end:\n    t = time.time() + {share} * 0.1\n"
+            f"    while time.time() < t: pass\n    time.sleep({1 - share} * 0.1)")
+    return [sys.executable, "-c", code]
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """`check()`'s first true value, polled until `timeout` (AssertionError naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def drain_engine(client: Any) -> None:
+    """Cancel every pending and running job of the Lab's engine, and wait until none is left."""
+    for job in client.jobs(state="PENDING,RUNNING", limit=1000)["jobs"]:
+        try:
+            client.cancel(job["id"])
+        except Exception:
+            pass
+    wait_for(lambda: not client.jobs(state="PENDING,RUNNING")["jobs"], 30, "the engine to be idle")

@@ -5,58 +5,19 @@ dark themes at the main area's width and at a narrow one."""
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labtools import copy_to_docs, open_panel, run_command, screenshot, set_theme
+from labtools import burner, copy_to_docs, open_panel, run_command, screenshot, set_theme, sleeper, wait_for
 
-pytestmark = pytest.mark.ui
+pytestmark = [pytest.mark.ui, pytest.mark.usefixtures("idle_engine")]
 
 CHARTS = ("utilization", "memory", "heatmap", "users", "groups", "queue", "wait")
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
-
-def sleeper(seconds: float) -> list[str]:
-    return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
-
-
-def burner(seconds: float, share: float) -> list[str]:
-    """Busy `share` of the time: fake GPUs show the CPU use of their jobs as utilization."""
-    code = (f"import time\nend = time.time() + {seconds}\n"
-            f"while time.time() < end:\n    t = time.time() + {share} * 0.1\n"
-            f"    while time.time() < t: pass\n    time.sleep({1 - share} * 0.1)")
-    return [sys.executable, "-c", code]
-
-
-@pytest.fixture(autouse=True)
-def idle_engine(client: Any) -> Iterator[None]:
-    """Each test starts (and leaves) the shared engine idle, with no GPU drained."""
-
-    def drain() -> None:
-        for job in client.jobs(state="PENDING,RUNNING", limit=1000)["jobs"]:
-            try:
-                client.cancel(job["id"])
-            except Exception:
-                pass
-        wait_for(lambda: not client.jobs(state="PENDING,RUNNING")["jobs"], 30, "the engine to be idle")
-
-    drain()
-    yield
-    drain()
 
 
 def chart(page: Any, name: str) -> Any:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 from labtools import (
     REPO,
     Lab,
+    burner,
     copy_to_docs,
     isolated_env,
     open_lab,
@@ -26,53 +27,18 @@ from labtools import (
     screenshot,
     screenshot_on_failure,
     set_theme,
+    sleeper,
     start_lab,
     stop_lab,
+    wait_for,
 )
 
-pytestmark = pytest.mark.ui
+pytestmark = [pytest.mark.ui, pytest.mark.usefixtures("idle_engine")]
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST")
 
 
-def sleeper(seconds: float, code: int = 0) -> list[str]:
-    return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({code})"]
 
-
-def burner(seconds: float, share: float) -> list[str]:
-    """Busy `share` of the time: fake GPUs show the CPU use of their jobs as utilization."""
-    code = (f"import time\nend = time.time() + {seconds}\n"
-            f"while time.time() < end:\n    t = time.time() + {share} * 0.1\n"
-            f"    while time.time() < t: pass\n    time.sleep({1 - share} * 0.1)")
-    return [sys.executable, "-c", code]
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-@pytest.fixture(autouse=True)
-def idle_engine(client: Any) -> Iterator[None]:
-    """Each test starts (and leaves) the shared engine with nothing pending or running."""
-
-    def drain() -> None:
-        for job in client.jobs(state="PENDING,RUNNING", limit=1000)["jobs"]:
-            try:
-                client.cancel(job["id"])
-            except Exception:
-                pass
-        wait_for(lambda: not client.jobs(state="PENDING,RUNNING")["jobs"], 30, "the engine to be idle")
-
-    drain()
-    yield
-    drain()
 
 
 def job_row(page: Any, job_id: int) -> Any:
@@ -163,7 +129,7 @@ def test_pending_job_shows_queue_position_reason_and_expected_start(page: Any, c
     row = job_row(page, waiting["id"])
     row.wait_for(timeout=5000)
     wait_for(lambda: job_row(page, running["id"]).get_attribute("data-state") == "RUNNING", 15, "hog running")
-    text = wait_for(lambda: "in queue" in row.inner_text() and row.inner_text(), 10, "the queue position")
+    wait_for(lambda: "in queue" in row.inner_text(), 10, "the queue position")
     # no history of "waiter": its start is a bound from the hog's time limit, and says so
     kind = client.job(waiting["id"])["expected_start_kind"]
     assert kind == "bound", kind
