@@ -156,6 +156,13 @@ class GPUJobsHandler(APIHandler):
     def json_body(self) -> Any:
         return parse_json_body(self.request.body, self.settings.get("gpujobs_max_body", 1 << 20))
 
+    def json_object(self, what: str = "") -> dict[str, Any]:
+        """The request body, which must be a JSON object (400 naming the body otherwise)."""
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "body", f"expected a JSON object{' ' + what if what else ''}")
+        return body
+
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -266,9 +273,7 @@ class JobsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object describing the job")
+        body = self.json_object("describing the job")
         jobs = await self.service.submit(self.owner, body)
         out = self.service.view(jobs[0])
         if len(jobs) > 1:
@@ -297,9 +302,7 @@ class JobEndHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def post(self, job_id: str) -> None:
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
+        body = self.json_object()
         job = self.service.finish_external(self.job_id(job_id), self.owner, body.get("state", "COMPLETED"),
                                            body.get("reason"))
         self.reply(self.service.view(job))
@@ -312,9 +315,7 @@ class JobAdoptHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def post(self, job_id: str) -> None:
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
+        body = self.json_object()
         # the kernel must be a child of the caller: the user's Jupyter server on the shared
         # engine's socket, this very server where the engine is embedded (its provisioner)
         launcher = peer_pid(self) or os.getpid()
@@ -440,9 +441,7 @@ class QuotaHandler(GPUJobsHandler):
     @authorized
     async def put(self) -> None:
         """Admin: `{"scope": "users"|"groups", "name": "alice", "quota": {...} | null}`."""
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
+        body = self.json_object()
         unknown = set(body) - {"scope", "name", "quota"}
         if unknown:
             raise ApiError(400, sorted(unknown)[0], "unknown field; expected scope, name, quota")
@@ -503,9 +502,7 @@ class NotificationsHandler(GPUJobsHandler):
     async def put(self) -> None:
         """`{"email": "...", "webhook": "https://...", "events": ["ended", ...]}` (any of them;
         null clears an address)."""
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body", "expected a JSON object")
+        body = self.json_object()
         self.reply(self.notifier.set_settings(self.owner, body))
 
     @web.authenticated

@@ -91,9 +91,7 @@ def gpu_action(handler: GPUJobsHandler, flag: str, default_host: str) -> tuple[s
     """An admin's action on one GPU, `{"gpu": N, "host": ..., FLAG: true|false, "reason": ...}`:
     checked and returned as (host, gpu, flag, reason); the GPU must exist (404 otherwise)."""
     handler.require_admin()
-    body = handler.json_body()
-    if not isinstance(body, dict):
-        raise ApiError(400, "body", "expected a JSON object")
+    body = handler.json_object()
     unknown = set(body) - {"gpu", "host", flag, "reason"}
     if unknown:
         raise ApiError(400, sorted(unknown)[0], f"unknown field; expected gpu, host, {flag}, reason")

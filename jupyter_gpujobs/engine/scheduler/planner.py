@@ -518,6 +518,25 @@ class _Cycle:
             floor = max(floor, t if t is not None else INF)
         return floor
 
+    def _limits_to_place(self, j: Job, floor: float, why: str | None) -> tuple[float, list[tuple[Limit, bool]]] | None:
+        """The time limit and the limits of a job to place, or None when it cannot be placed
+        (no floor on the time line, or a time limit over its maximum): its reason is set and
+        it gets no expected start."""
+        jid = j.id
+        limit = float(j.time_limit_s or self.default_limit)
+        self._limit_s[jid] = limit
+        if floor == INF:
+            self.plan.reasons[jid] = why or "cannot be predicted"
+            self.expected[jid] = None
+            return None
+        lims, mtl = self._kind(j)
+        if mtl is not None and limit > mtl:
+            self.plan.reasons[jid] = (f"time limit of {int(limit)} s is over the maximum of {mtl} s for "
+                                      f"{self.mtl_cache[(j.user, j.group)][1]}")
+            self.expected[jid] = None
+            return None
+        return limit, lims
+
     def _place(self, j: Job, floor: float, why: str | None, deferred: bool = False) -> None:
         if j.share is not None or j.gpu_memory is not None:
             self._place_share(j, floor, why, deferred)
@@ -526,17 +545,10 @@ class _Cycle:
         reasons, expected = plan.reasons, self.expected
         k = j.gpus
         jid = j.id
-        limit = float(j.time_limit_s or self.default_limit)
-        self._limit_s[jid] = limit
-        if floor == INF:
-            reasons[jid] = why or "cannot be predicted"
-            expected[jid] = None
+        checked = self._limits_to_place(j, floor, why)
+        if checked is None:
             return
-        lims, mtl = self._kind(j)
-        if mtl is not None and limit > mtl:
-            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {self.mtl_cache[(j.user, j.group)][1]}"
-            expected[jid] = None
-            return
+        limit, lims = checked
         blocked: Limit | None = None
         for lim, per_gpu in lims:
             if lim.now_used + (k if per_gpu else 1) > lim.cap:
@@ -661,17 +673,10 @@ class _Cycle:
         plan, now, policy, cl = self.plan, self.now, self.policy, self.cluster
         reasons, expected = plan.reasons, self.expected
         jid = j.id
-        limit = float(j.time_limit_s or self.default_limit)
-        self._limit_s[jid] = limit
-        if floor == INF:
-            reasons[jid] = why or "cannot be predicted"
-            expected[jid] = None
+        checked = self._limits_to_place(j, floor, why)
+        if checked is None:
             return
-        lims, mtl = self._kind(j)
-        if mtl is not None and limit > mtl:
-            reasons[jid] = f"time limit of {int(limit)} s is over the maximum of {mtl} s for {self.mtl_cache[(j.user, j.group)][1]}"
-            expected[jid] = None
-            return
+        limit, lims = checked
         if not cl.pool_host:
             reasons[jid] = "no GPUs on this server"
             expected[jid] = None
