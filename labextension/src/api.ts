@@ -100,6 +100,9 @@ export interface IJob {
   state: JobState;
   gpus: number;
   gpu_type: string | null;
+  /** A part of one GPU (0.5), or its memory in bytes: the job shares that GPU; null: whole GPUs. */
+  share?: number | null;
+  gpu_memory?: number | null;
   assigned_gpus: number[];
   host: string | null;
   submitted_at: number;

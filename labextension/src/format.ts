@@ -104,6 +104,11 @@ export function gpuRequest(job: IJob): string {
   if (!job.gpus) {
     return 'no GPU';
   }
+  if (job.share || job.gpu_memory) {
+    // a share of one GPU, as the kernelspec names it: "0.5 of a GPU", "16 GiB of A100"
+    const part = job.gpu_memory ? `${formatGiB(job.gpu_memory / (1 << 20))} GiB` : `${job.share}`;
+    return `${part} of ${job.gpu_type || 'a GPU'}`;
+  }
   return `${job.gpus}×${job.gpu_type || 'any GPU'}`;
 }
 

@@ -110,6 +110,12 @@ def test_fractional_gpu_kernel_from_the_launcher(page: Any, client: Any, lab: La
         assert {int(items.nth(i).get_attribute("data-job-id") or 0) for i in range(2)} == set(jobs)
         assert all("you · 50% · " in items.nth(i).inner_text() for i in range(2))
         assert panel.locator(".jp-GPUJobs-gpu").count() == 2
+        # each kernel's row in "my jobs" says what it asked for: half a GPU, not a whole one
+        for jid in jobs:
+            meta = panel.locator(f'.jp-GPUJobs-section-myjobs .jp-GPUJobs-job[data-job-id="{jid}"] '
+                                 ".jp-GPUJobs-jobMeta")
+            wait_for(lambda m=meta: m.count() == 1, 10, f"job #{jid} in my jobs")
+            assert meta.inner_text().strip() == "0.5 of a GPU · kernel"
         screenshot(page, "panel-shared-launcher-kernels", panel)
 
         # shutting the kernels down ends their jobs and frees the card: the current notebook's
