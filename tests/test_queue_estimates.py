@@ -82,3 +82,31 @@ async def test_deep_jobs_get_estimates_and_new_urgent_jobs_their_place(api: Any,
     assert [j["position"] for j in await views(api, waiting)] == [2, 3, 4, 5, 6, 7]
     for i in running + waiting + [urgent["id"]]:
         await api("DELETE", f"jobs/{i}")
+
+
+async def test_a_job_ending_when_an_estimate_is_due_starts_the_next_at_once_and_the_estimate_follows(
+        api: Any, engine: Any) -> None:
+    """The cycle a job's end wakes only decides when an estimate is also due (an estimating
+    cycle over a deep queue takes a hundred milliseconds and more); the estimate comes in the
+    cycle right after, not never, however often jobs end."""
+    running = [(await submit(api, name=f"r{i}"))["id"] for i in range(2)]
+    waiting = [(await submit(api, name=f"w{i}"))["id"] for i in range(3)]
+
+    async def started(job_id: int) -> Any:
+        return (await views(api, [job_id]))[0]["state"] == "RUNNING"
+
+    await wait_for(lambda: started(running[1]), timeout=10)
+    await wait_for(lambda: started(running[0]), timeout=10)
+    engine._estimated_at -= 2 * engine.estimate_interval  # the hour has passed: an estimate is due
+    due_since = engine._estimated_at
+    status, _ = await api("DELETE", f"jobs/{running[0]}")
+    assert status == 200
+    await wait_for(lambda: started(waiting[0]), timeout=10)
+
+    async def estimated() -> bool:
+        return engine._estimated_at > due_since
+
+    await wait_for(estimated, timeout=5)
+    # the estimate that followed gives every job still waiting a start
+    jobs = await views(api, waiting[1:])
+    assert all(j["expected_start"] is not None for j in jobs), jobs

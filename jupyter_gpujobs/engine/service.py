@@ -221,6 +221,8 @@ class JobService:
         self._ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
         self._wake: asyncio.Event | None = None
         self._freed = asyncio.Event()  # a running job ended: its GPUs are free (ends a cycle's rest)
+        self._ended_since_cycle = False  # ... since the last cycle (which then only decides)
+        self._estimate_deferred = False  # an estimate due was put off for a start
         self._submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
         self._burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
         self._burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
@@ -1352,6 +1354,7 @@ class JobService:
             state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
         self._set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
         self._freed.set()
+        self._ended_since_cycle = True
 
     # ================================================================= the cycle
 
@@ -1384,6 +1387,15 @@ class JobService:
         newest = max(pending, default=0)
         since = now - self._estimated_at
         estimate = since >= self.estimate_interval or (newest > self._estimated_newest and since >= 1.0)
+        if estimate and self._ended_since_cycle and not self._estimate_deferred and self._estimated_at > -float("inf"):
+            # a job just ended: its GPUs go to the next jobs now, the estimate comes a cycle
+            # later (once: with jobs ending all the time it would never come)
+            estimate = False
+            self._estimate_deferred = True
+            self.wake()
+        elif estimate:
+            self._estimate_deferred = False
+        self._ended_since_cycle = False
         order = None if estimate else self._plan.queue_order
         claims = self._current_claims(now)
         t_plan = time.perf_counter()
