@@ -6,6 +6,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import { APIError, INotifications, api } from './api';
+import { addFormRows } from './form';
 
 export const EVENT_LABELS: { [event: string]: string } = {
   started: 'a job starts',
@@ -57,44 +58,15 @@ class NotifyForm extends Widget {
       events.append(label);
     }
 
-    const fields: [string, string, HTMLElement, string][] = [
-      ['email', 'E-mail', this._email, ''],
-      ['webhook', 'Webhook URL', this._webhook, hostsHint],
-      ['events', 'Tell me when', events, '']
-    ];
-    for (const [field, labelText, control, hint] of fields) {
-      if (control instanceof HTMLInputElement) {
-        control.classList.add('jp-mod-styled');
-        control.setAttribute('name', field);
-      }
-      const row = document.createElement(field === 'events' ? 'div' : 'label');
-      row.className = 'jp-GPUJobs-formRow';
-      row.dataset.field = field;
-      const span = document.createElement('span');
-      span.className = 'jp-GPUJobs-formLabel';
-      span.textContent = labelText;
-      row.append(span, control);
-      if (hint) {
-        const h = document.createElement('span');
-        h.className = 'jp-GPUJobs-hint';
-        h.textContent = hint;
-        row.append(h);
-      }
-      if (error && error.field === field) {
-        row.classList.add('jp-mod-error');
-        const msg = document.createElement('span');
-        msg.className = 'jp-GPUJobs-formError';
-        msg.textContent = error.message;
-        row.append(msg);
-      }
-      form.append(row);
-    }
-    if (error && !fields.some(([f]) => f === error.field)) {
-      const msg = document.createElement('div');
-      msg.className = 'jp-GPUJobs-formError';
-      msg.textContent = error.message;
-      form.append(msg);
-    }
+    addFormRows(
+      form,
+      [
+        { field: 'email', label: 'E-mail', control: this._email },
+        { field: 'webhook', label: 'Webhook URL', control: this._webhook, hint: hostsHint },
+        { field: 'events', label: 'Tell me when', control: events }
+      ],
+      error
+    );
     this.node.append(form);
   }
 

@@ -7,6 +7,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
 import { APIError, IJob, ISubmitNotebook, api } from './api';
+import { addFormRows } from './form';
 
 export interface ISubmitValues {
   gpus: string;
@@ -86,39 +87,18 @@ class SubmitForm extends Widget {
     this._params.value = values.parameters;
     this._params.placeholder = 'one key=value per line, e.g.\nepochs=10\nlr=0.001';
 
-    const fields: [string, string, HTMLElement][] = [
-      ['gpus', 'GPUs', this._gpus],
-      ['gpu_type', 'GPU type', this._type],
-      ['time_limit', 'Time limit', this._time],
-      ['priority', 'Priority', this._priority],
-      ['name', 'Job name', this._name],
-      ['parameters', 'Parameters', this._params]
-    ];
-    for (const [field, label, control] of fields) {
-      control.classList.add('jp-mod-styled');
-      control.setAttribute('name', field);
-      const row = document.createElement('label');
-      row.className = 'jp-GPUJobs-formRow';
-      row.dataset.field = field;
-      const span = document.createElement('span');
-      span.className = 'jp-GPUJobs-formLabel';
-      span.textContent = label;
-      row.append(span, control);
-      if (error && (error.field === field || (field === 'parameters' && error.field === 'payload'))) {
-        row.classList.add('jp-mod-error');
-        const msg = document.createElement('span');
-        msg.className = 'jp-GPUJobs-formError';
-        msg.textContent = error.message;
-        row.append(msg);
-      }
-      form.append(row);
-    }
-    if (error && !fields.some(([f]) => f === error.field || (f === 'parameters' && error.field === 'payload'))) {
-      const msg = document.createElement('div');
-      msg.className = 'jp-GPUJobs-formError';
-      msg.textContent = error.message;
-      form.append(msg);
-    }
+    addFormRows(
+      form,
+      [
+        { field: 'gpus', label: 'GPUs', control: this._gpus },
+        { field: 'gpu_type', label: 'GPU type', control: this._type },
+        { field: 'time_limit', label: 'Time limit', control: this._time },
+        { field: 'priority', label: 'Priority', control: this._priority },
+        { field: 'name', label: 'Job name', control: this._name },
+        { field: 'parameters', label: 'Parameters', control: this._params, alsoFor: ['payload'] }
+      ],
+      error
+    );
     this.node.append(form);
   }
 

@@ -322,6 +322,16 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
     dialog = page.locator(".jp-Dialog")
     dialog.wait_for(timeout=10000)
     assert "Run on GPU queue" in dialog.inner_text()
+    # a time limit the engine cannot read: the dialog comes back with its message on that row
+    dialog.locator('input[name="time_limit"]').fill("soon")
+    dialog.locator("button", has_text="Submit").click()
+    bad = page.locator('.jp-Dialog .jp-GPUJobs-formRow.jp-GPUJobs-mod-invalid[data-field="time_limit"]')
+    bad.wait_for(timeout=10000)
+    assert "soon" in bad.locator(".jp-GPUJobs-formError").inner_text(), bad.inner_text()
+    wait_for(lambda: page.locator(".jp-Dialog").count() == 1, 10, "the first dialog to close")
+    dialog = page.locator(".jp-Dialog")
+    assert dialog.locator('input[name="time_limit"]').input_value() == "soon"  # what was typed is kept
+    assert page.locator(".jp-Dialog .jp-GPUJobs-formError").count() == 1
     dialog.locator('select[name="gpu_type"]').select_option("A100")
     dialog.locator('input[name="time_limit"]').fill("2m")
     dialog.locator('select[name="priority"]').select_option("high")
@@ -329,8 +339,8 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
     screenshot(page, "submit-dialog", dialog.locator(".jp-Dialog-content"))
     dialog.locator("button", has_text="Submit").click()
 
-    wait_for(lambda: posted, 10, "the POST jobs request")
-    body = posted[0]
+    wait_for(lambda: len(posted) == 2, 10, "the second POST jobs request")
+    body = posted[1]
     assert body["kind"] == "notebook"
     assert body["gpus"] == 1 and body["gpu_type"] == "A100" and body["time_limit"] == "2m"
     assert body["priority"] == "high" and body["name"] == "square"
