@@ -132,8 +132,11 @@ def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
     kc = s2.start_kernel("gpu-test")
     try:
         env = evaluate(kc, "import os, json; print(json.dumps([os.environ.get('GPUJOBS_JOB_ID'), "
-                            "os.environ.get('CUDA_VISIBLE_DEVICES'), os.getuid()]))")
+                            "os.environ.get('CUDA_VISIBLE_DEVICES'), os.getuid(), os.environ.get('GPUJOBS_FAKE_FLEET')]))")
         assert env[0] and env[1] and env[2] == _uid(U2)
+        # on the engine's fake GPUs alone: not a stranger's process on every fake GPU N of the machine
+        with team.socket_client() as c:
+            assert env[3] == c.get("info").json()["fake_fleet"]
         job = s2.api("GET", f"jobs/{env[0]}").json()
         assert job["kind"] == "kernel" and job["user"] == U2 and job["state"] == "RUNNING"
         other = team.servers[U1].api("GET", f"jobs/{env[0]}").json()

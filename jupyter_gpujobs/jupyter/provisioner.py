@@ -68,7 +68,7 @@ _TASKS: set[asyncio.Task[Any]] = set()
 #: an httpx client (its SSL context) costs tens of milliseconds, a kernel start's budget.
 _CLIENTS: dict[tuple[str | None, str | None, int], AsyncGPUJobsClient] = {}
 #: Engine URL -> {GPU index: uuid} and whether its GPUs are fake (the inventory does not change).
-_GPU_INFO: dict[str, tuple[dict[int, str], bool]] = {}
+_GPU_INFO: dict[str, tuple[dict[int, str], bool, str | None]] = {}
 #: Engine URL -> {GPU index: memory MB}, for the memory hints of a kernel on a share of a GPU.
 _GPU_MEMORY: dict[str, dict[int, int]] = {}
 
@@ -370,14 +370,15 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             if job.get(field) is not None:  # epoch seconds, for the in-kernel notice
                 env[name] = repr(float(job[field]))
         client = await self._get_client()
-        uuids, fake = _GPU_INFO.get(client.url, ({}, False))
+        uuids, fake, fleet = _GPU_INFO.get(client.url, ({}, False, None))
         if not all(i in uuids for i in job["assigned_gpus"]):
             try:
                 answer = await client.gpu_report()
                 mine = [g for g in answer["gpus"] if g.get("host") in (None, job.get("host"))]
                 uuids = {int(g["index"]): str(g["uuid"]) for g in mine}
                 fake = answer.get("backend") == "fake"
-                _GPU_INFO[client.url] = (uuids, fake)
+                fleet = answer.get("fake_fleet")
+                _GPU_INFO[client.url] = (uuids, fake, fleet)
                 _GPU_MEMORY[client.url] = {int(g["index"]): int(g.get("memory_total_mb") or 0) for g in mine}
             except (GPUJobsError, KeyError, TypeError, ValueError):
                 pass
@@ -398,6 +399,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         self._fake_gpus = fake
         if self._fake_gpus and self.mark_fake_gpu_use:
             env["GPUJOBS_FAKE"] = "1"  # the fake backend sees the kernel on its GPUs
+            if fleet:  # ... on this engine's alone, not on every fake GPU N of the machine
+                env["GPUJOBS_FAKE_FLEET"] = str(fleet)
         return env
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:

@@ -245,6 +245,9 @@ class GPUsHandler(GPUJobsHandler):
                                "isolation": self.service.isolation,
                                "share_enforcement": self.service.shares.describe(self.service.inventory),
                                "share_mode": self.service.shares.mode()}
+        fleet = getattr(self.service.gpus, "fleet", None)
+        if fleet and self.service.gpus.name == "fake":  # what a kernel puts in GPUJOBS_FAKE_FLEET
+            out["fake_fleet"] = fleet
         notice = engine_notice(self.service)
         if notice:
             out["notice"] = notice
