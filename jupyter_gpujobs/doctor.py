@@ -105,7 +105,8 @@ def check_gpus(ctx: Context) -> list[Check]:
         rows.append(Check("GPUs", WARN, f"draining: GPU {', '.join(draining)}",
                           "see `jupyter gpujobs findings`; an admin undrains with the panel or POST gpus/drain"))
     for key, value in sorted(report.items()):
-        if key not in ("gpus", "backend", "isolation", "share_enforcement", "share_mode") and isinstance(value, str) \
+        if key not in ("gpus", "backend", "isolation", "share_enforcement", "share_mode", "fake_fleet") \
+                and isinstance(value, str) \
                 and value:
             rows.append(Check("GPUs", WARN, f"{key}: {value}"))  # e.g. a notice the engine gives
     isolation = report.get("isolation") or ctx.info.get("isolation")

@@ -121,8 +121,14 @@ def evaluate(kc: Any, code: str, timeout: float = 60) -> Any:
     msg_id = kc.execute(code)
     out = ""
     deadline = time.monotonic() + timeout
+    idle = False
     while True:
-        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            if idle:
+                raise AssertionError(f"the kernel printed nothing for {code!r}") from None
+            raise
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "stream":
@@ -130,7 +136,11 @@ def evaluate(kc: Any, code: str, timeout: float = 60) -> Any:
         elif msg["msg_type"] == "error":
             raise AssertionError("\n".join(msg["content"]["traceback"]))
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+        if idle and out.strip():
             return json.loads(out.strip().splitlines()[-1])
+        if idle:  # the output can trail the idle status (ipykernel flushes stdout from a thread)
+            deadline = min(deadline, time.monotonic() + 5)
 
 
 @dataclass
