@@ -1161,8 +1161,8 @@ class JobService:
                 raise Conflict("gpus", f"{what} on one host are not free of other reservations on "
                                        f"{time.strftime('%a %d %b %H:%M', time.localtime(start))}; see GET reservations")
 
-    def delete_reservation(self, actor: str, reservation_id: Any) -> None:
-        """An admin (or whoever made it) removes a reservation."""
+    def delete_reservation(self, actor: str, reservation_id: Any) -> int:
+        """An admin (or whoever made it) removes a reservation; returns its id."""
         rid = parse_id(reservation_id, "id")
         r = next((r for r in self.reservations if r.id == rid), None)
         if r is None:
@@ -1174,6 +1174,7 @@ class JobService:
         self.reservation_source.pop(rid, None)
         log.info("gpujobs: %s removed reservation %d", actor, rid)
         self.wake()
+        return rid
 
     def list_reservations(self) -> list[dict[str, Any]]:
         """Every reservation with its active or next occurrence and the GPUs it has then."""

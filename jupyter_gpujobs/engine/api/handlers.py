@@ -478,8 +478,7 @@ class ReservationHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def delete(self, reservation_id: str) -> None:
-        self.service.delete_reservation(self.owner, reservation_id)
-        self.reply({"id": int(reservation_id), "deleted": True})
+        self.reply({"id": self.service.delete_reservation(self.owner, reservation_id), "deleted": True})
 
 
 def _notifier(service: JobService) -> Notifier:

@@ -537,6 +537,20 @@ class _Cycle:
             return None
         return limit, lims
 
+    def _view_to_place(self, j: Job) -> View | None:
+        """The GPUs of the job's type, or None when this server has none (its reason is set
+        and it gets no expected start)."""
+        cl = self.cluster
+        if not cl.pool_host:
+            self.plan.reasons[j.id] = "no GPUs on this server"
+        else:
+            view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
+            if view.pids:
+                return view
+            self.plan.reasons[j.id] = f"no {j.gpu_type} GPUs on this server"
+        self.expected[j.id] = None
+        return None
+
     def _place(self, j: Job, floor: float, why: str | None, deferred: bool = False) -> None:
         if j.share is not None or j.gpu_memory is not None:
             self._place_share(j, floor, why, deferred)
@@ -556,14 +570,8 @@ class _Cycle:
                 break
         view: View | None = None
         if k > 0:
-            if not cl.pool_host:
-                reasons[jid] = "no GPUs on this server"
-                expected[jid] = None
-                return
-            view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
-            if not view.pids:
-                reasons[jid] = f"no {j.gpu_type} GPUs on this server"
-                expected[jid] = None
+            view = self._view_to_place(j)
+            if view is None:
                 return
             if k > view.max_size:
                 reasons[jid] = f"asks for {k} {view.label} but one host has at most {view.max_size}"
@@ -677,14 +685,8 @@ class _Cycle:
         if checked is None:
             return
         limit, lims = checked
-        if not cl.pool_host:
-            reasons[jid] = "no GPUs on this server"
-            expected[jid] = None
-            return
-        view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
-        if not view.pids:
-            reasons[jid] = f"no {j.gpu_type} GPUs on this server"
-            expected[jid] = None
+        view = self._view_to_place(j)
+        if view is None:
             return
         if self.shares is None:
             self.shares = Shares(cl, self.gpus, self.running, self.ends)
