@@ -340,13 +340,19 @@ class Notifier:
         return f"{' and '.join(where)} on {', '.join(settings.get('events') or []) or 'nothing'}"
 
     def send_test(self, user: str) -> list[str]:
-        """Queue a test message to the user's destinations now; returns their channels."""
+        """Queue a test message to the user's destinations now; returns their channels.
+        Conflict when the user has none set."""
+        from .service import Conflict
+
         mine = self.users.get(user) or {}
         text = (f"This is a test of your jupyter-gpujobs notifications on {self.settings.server}: "
                 "messages about your jobs will look like this.")
         key = f"test:{user}:{time.time()}"
-        return [d.channel for d in self._to_user(user, mine, key, "[gpujobs] test notification", text)
-                if self._enqueue(d)]
+        channels = [d.channel for d in self._to_user(user, mine, key, "[gpujobs] test notification", text)
+                    if self._enqueue(d)]
+        if not channels:
+            raise Conflict(None, "you have no notifications set (PUT notifications with an email or webhook)")
+        return channels
 
     # ================================================================= who is told what
 
