@@ -98,6 +98,7 @@ class Kernels:
             reply = kc.get_shell_msg(timeout=30)
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
+        assert reply["content"]["status"] == "ok", reply["content"]
         value = reply["content"]["user_expressions"]["v"]
         assert value["status"] == "ok", value
         text = value["data"]["text/plain"]

@@ -285,7 +285,9 @@ def test_gpu_kernel_runs_as_a_slurm_job_is_interrupted_and_shut_down(server: Any
                        == [job["id"]], 5, "the kernel's GPU shown as its job's")
 
             kc = k.by_kernel[kernel]
-            msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+            # stop_on_error=False: ipykernel otherwise aborts requests that reach it just after the
+            # interrupted cell's error, and the check below would race with that window
+            msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)", stop_on_error=False)
             wait_until(lambda: k.server_state(kernel) == "busy", 10, "cell running")
             time.sleep(0.5)
             assert k.http.post(f"api/kernels/{kernel}/interrupt").status_code == 204
