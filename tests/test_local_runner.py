@@ -444,3 +444,39 @@ def test_a_supervisor_exit_is_reported_on_the_event_loop_at_once(runner: LocalRu
     finally:
         runner.on_exit = None
     assert max(lags) < 1.0, lags  # the engine polls every 50 ms; told at once, it need not
+
+
+# ------------------------------------------------------------------ adopted GPU kernels
+
+
+def test_two_engines_kernels_of_the_same_job_id_are_confined_apart(tmp_path: Path) -> None:
+    """Job ids are one engine's, cgroups are the machine's: ending one engine's kernel job 1
+    must not kill another engine's kernel job 1 on the same host."""
+    one, two = LocalRunner(tmp_path / "one"), LocalRunner(tmp_path / "two")
+    if not one.isolation.enabled:
+        pytest.skip(f"no writable cgroups here: {one.isolation.describe()}")
+    kernels = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    handles: list[dict[str, Any]] = []
+    try:
+        for runner, proc in zip((one, two), kernels):
+            handle = runner.adopt(LaunchRequest(job_id=1, command=[], cwd=""), [proc.pid])
+            assert handle is not None
+            handles.append(handle)
+        one.stop_adopted(handles[0])
+        kernels[0].wait(timeout=10)  # SIGKILLed through its cgroup
+        time.sleep(0.2)
+        assert kernels[1].poll() is None, "the other engine's kernel was killed"
+        assert two.adopted_alive(handles[1])
+        assert one.adopted_run(handles[0]) != two.adopted_run(handles[1])
+        # a kernel restart joins its job's cgroups again
+        again = subprocess.Popen(["sleep", "60"])
+        kernels.append(again)
+        assert one.adopt(LaunchRequest(job_id=1, command=[], cwd=""), [again.pid], handles[0]) == handles[0]
+        assert one.adopted_alive(handles[0])
+    finally:
+        for runner, handle in zip((one, two), handles):
+            runner.stop_adopted(handle)
+            runner.release_adopted(handle)
+        _kill_all([p.pid for p in kernels])
+        for p in kernels:
+            p.wait(timeout=10)

@@ -947,16 +947,17 @@ class JobService:
         if self.mirror is not None:
             return {"confined": False, "isolation": "the kernel is a Slurm job; Slurm confines it"}
         procs = _process_tree(pid, _owner_uid(job.user, self.run_as_owner), launcher)
+        handle = self._adopted.get(job.id)
+        own = self.runner.adopted_run(handle)
         for proc_pid, run in procs:
-            if run and run != f"kernel-{job.id}":
+            if run and run != own:
                 raise PermissionDenied(f"process {proc_pid} belongs to another GPU job ({run}); "
                                        "it cannot join this one")
-        handle = self._adopted.get(job.id)
         gpus = [g for g in self.inventory if g.index in job.assigned_gpus and g.host in (None, job.host)]
         req = LaunchRequest(job_id=job.id, command=[], cwd="", mem_bytes=job.mem_bytes, cpus=job.cpus,
                             deny_devices=self._deny_devices(gpus))
         try:
-            new = self.runner.adopt(req, [p for p, _ in procs])
+            new = self.runner.adopt(req, [p for p, _ in procs], handle)
         except OSError as err:
             log.warning("gpujobs: could not confine kernel job %s (pid %s): %s", job.id, pid, err)
             return {"confined": False, "isolation": f"not confined: {err.strerror or err}"}

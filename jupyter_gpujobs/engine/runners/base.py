@@ -116,12 +116,18 @@ class Runner(abc.ABC):
 
     # ---- processes the engine did not start (a GPU kernel, launched by its provisioner)
 
-    def adopt(self, req: LaunchRequest, pids: list[int]) -> dict[str, Any] | None:
+    def adopt(self, req: LaunchRequest, pids: list[int],
+              handle: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Confine running processes of job `req.job_id` as a run of its own would be (its
-        cgroup, device fence and limits from `req`; `req.command` is unused). Returns the
-        handle to keep (`adopted_alive`, `stop_adopted`, `release_adopted` take it), or None
-        where this runner cannot confine them (OSError: the host refused)."""
+        cgroup, device fence and limits from `req`; `req.command` is unused), joining those of
+        `handle` when an earlier call made them (a kernel restart). Returns the handle to keep
+        (`adopted_alive`, `stop_adopted`, `release_adopted` take it), or None where this runner
+        cannot confine them (OSError: the host refused)."""
         return None
+
+    def adopted_run(self, handle: dict[str, Any] | None) -> str:
+        """The run name (the cgroup's folder name) of an adopted job's handle; "" for none."""
+        return ""
 
     def adopted_alive(self, handle: dict[str, Any]) -> bool:
         """Is any process of an adopted job left (however it daemonized)?"""

@@ -283,13 +283,19 @@ class LocalRunner(Runner):
 
     # ------------------------------------------------------------------ adopted processes
 
-    def adopt(self, req: LaunchRequest, pids: list[int]) -> dict[str, Any] | None:
-        """A GPU kernel's processes into the job's own cgroups, `kernel-<id>` (made with the
-        fence and limits on the first call; a kernel restart joins the same ones)."""
+    def adopt(self, req: LaunchRequest, pids: list[int],
+              handle: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """A GPU kernel's processes into the job's own cgroups, `kernel-<id>-<stamp>` (made with
+        the fence and limits on the first call; a kernel restart joins those of `handle`). The
+        stamp keeps them apart from another engine's kernel job of the same id on this host:
+        the cgroups are the machine's, job ids are one engine's."""
         iso = self.isolation
         if not iso.enabled:
             return None
-        cg = iso.paths(f"kernel-{req.job_id}")
+        cg = dict((handle or {}).get("cgroups") or {})
+        if not cg:
+            self._seq += 1
+            cg = iso.paths(f"kernel-{req.job_id}-{time.time_ns() // 1000:x}{self._seq}")
         if not cgroups.exists(cg):
             try:
                 cgroups.create(cg, req.deny_devices if iso.fence else [], req.mem_bytes, req.cpus,
@@ -305,6 +311,10 @@ class LocalRunner(Runner):
                 except ProcessLookupError:
                     break  # it exited meanwhile: nothing to confine
         return {"runner": self.name, "adopted": True, "cgroups": cg}
+
+    def adopted_run(self, handle: dict[str, Any] | None) -> str:
+        cg = (handle or {}).get("cgroups") or {}
+        return os.path.basename(next(iter(cg.values()))) if cg else ""
 
     def adopted_alive(self, handle: dict[str, Any]) -> bool:
         return cgroups.populated(handle.get("cgroups") or {})
