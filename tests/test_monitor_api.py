@@ -114,6 +114,18 @@ async def test_three_failures_in_a_row(api: Any, monitor: Any) -> None:
     await wait_for(lambda: not mstore.list_findings(monitor.store, kind="repeated_failure", open_only=True))
 
 
+
+async def test_failures_in_a_row_are_counted_as_they_ended_not_as_submitted(api: Any, monitor: Any) -> None:
+    # submitted together, the three runs end in the opposite order
+    ids = [(await submit(api, py(f"import sys, time; time.sleep({d}); sys.exit(3)"), name="sweep", gpus=0))["id"]
+           for d in (2.0, 1.0, 0.0)]
+    for job_id in ids:
+        await ended(api, job_id)
+    f = await finding(api, kind="repeated_failure")
+    assert f["message"].startswith("job 'sweep' of ") and "failed 3 times in a row" in f["message"]
+    assert f["job_id"] == ids[0] and f["data"]["jobs"] == ids  # the last to end first
+
+
 async def test_idle_hog(api: Any, monitor: Any) -> None:
     job = await submit(api, in_child("import time; time.sleep(30)"), name="notebook-left-open")
     f = await finding(api, kind="idle_hog", job=job["id"], timeout=12)

@@ -337,7 +337,7 @@ class Monitor:
                 self._oom_jobs.pop(next(iter(self._oom_jobs)))
             out.append(self.report(oom, now))
         if job.state in (JobState.FAILED, JobState.LOST, JobState.COMPLETED):
-            latest = [j for j in mstore.jobs_like(self.store, job.user, job.name, job.id)
+            latest = [j for j in mstore.jobs_like(self.store, job.user, job.name, job.ended_at or now)
                       if job.name or j.command == job.command]
             finding = detect_repeated_failures(latest, self._oom_jobs, self.settings.failure_streak)
             signature = job.name or "\0".join(job.command)

@@ -534,14 +534,16 @@ def allocations_between(store: Store, since: float, until: float) -> list[dict[s
                 for j, h, i, u, a, r, user, group in s.execute(q).all()]
 
 
-def jobs_like(store: Store, user: str, name: str, before_id: int, limit: int = 50) -> list[Any]:
-    """The user's ended jobs with this name (id <= before_id), newest first, as `model.Job`s."""
+def jobs_like(store: Store, user: str, name: str, ended_by: float, limit: int = 50) -> list[Any]:
+    """The user's jobs with this name that ended by `ended_by` (epoch s), the latest end first,
+    as `model.Job`s. By end, not by id: jobs submitted together end in any order, and "failed
+    N times in a row" is about the runs as they ended."""
     from . import _to_job
 
     finals = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"]
-    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.id <= before_id,
-                              JobRow.state.in_(finals))
-         .order_by(JobRow.id.desc()).limit(limit))
+    ended = func.coalesce(JobRow.ended_at, 0.0)
+    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.state.in_(finals), ended <= ended_by)
+         .order_by(ended.desc(), JobRow.id.desc()).limit(limit))
     with store.session() as s:
         return [_to_job(r) for r in s.scalars(q).all()]
 
