@@ -78,7 +78,10 @@ def measure(ids: list[int], get: Callable[[int], dict[str, Any]], out: Path,
                     parts["record"].append(ended - float(jobs[a]["ended_at"]))
                 parts["decide"].append(running - ended)
                 parts["spawn"].append(start[b] - running)
+    first = sorted(start.values())[:GPUS]
     return {"latency": statistics.median(gaps), "p90": sorted(gaps)[int(0.9 * (len(gaps) - 1))],
+            "mean_gap": statistics.fmean(gaps), "first_spread": first[-1] - first[0],
+            "body": statistics.fmean(end[i] - start[i] for i in ids),
             "makespan": max(end.values()) - min(start.values()), "jobs": jobs, "uids": uids,
             **{k: statistics.median(v) if v else float("nan") for k, v in parts.items()}}
 
@@ -150,6 +153,11 @@ def main() -> None:
                       ("spawn", "its process running")):
         print(f"{'  of which ' + text:34}{s[key] * 1000:>13.1f} ms{e[key] * 1000:>15.1f} ms")
     print(f"{'makespan':34}{s['makespan']:>14.2f} s{e['makespan']:>16.2f} s{'':>18}")
+    for key, text in (("first_spread", "first starts, spread"), ("mean_gap", "gaps, mean"),
+                      ("body", "job body (start to end), mean")):
+        unit = 1000 if key != "body" else 1
+        print(f"{'  ' + text:34}{s[key] * unit:>13.{1 if unit > 1 else 3}f} {'ms' if unit > 1 else 's '}"
+              f"{e[key] * unit:>15.{1 if unit > 1 else 3}f} {'ms' if unit > 1 else 's '}")
     print(f"{'makespan / ideal':34}{s['makespan'] / ideal:>15.3f}x{e['makespan'] / ideal:>17.3f}x{'<= 1.05x':>18}")
     print(f"shared engine: jobs of {s['users']} users, each ran as its owner's uid")
 

@@ -90,6 +90,25 @@ def test_job_sees_exactly_its_gpus(runner: LocalRunner, tmp_path: Path, monkeypa
     assert env0["GPUJOBS_FAKE"] is None
 
 
+
+def test_a_job_starts_inside_every_cgroup_of_its_run(runner: LocalRunner, tmp_path: Path) -> None:
+    """The job's first process is in its run's cgroup in each hierarchy (v2, and every v1
+    controller used) before it runs any of its own code, with its children."""
+    iso = runner.isolation
+    if not iso.enabled:
+        pytest.skip(f"no writable cgroups here: {iso.describe()}")
+    out = tmp_path / "cgroups"
+    handle = runner.start(_req(tmp_path, 9, ["sh", "-c", f"cat /proc/self/cgroup > {out}; cat /proc/$$/cgroup >> {out}"]))
+    assert wait_exit(runner, 9, handle).outcome == "completed"
+    run = Path(handle["job_dir"]).name
+    lines = out.read_text().splitlines()
+    for key in ("v2", *iso.v1):
+        # /proc/PID/cgroup: "0::/path" for v2, "N:controller[,…]:/path" for v1
+        mine = [ln.split(":", 2)[2] for ln in lines
+                if (ln.startswith("0::") if key == "v2" else key in ln.split(":", 2)[1].split(","))]
+        assert len(mine) == 2 and all(path.endswith(f"/gpujobs/{run}") for path in mine), (key, lines)
+
+
 def test_log_is_written_while_running(runner: LocalRunner, tmp_path: Path) -> None:
     code = """
         import sys, time

@@ -196,10 +196,10 @@ class SpawnError(OSError):
 
 
 def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
-          cgroup_procs: Sequence[str] = (), user: tuple[str, int, int, list[int]] | None = None) -> int:
+          cg: dict[str, str] | None = None, user: tuple[str, int, int, list[int]] | None = None) -> int:
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
-    stderr into `log_fd`. Before exec the child enters the run's cgroups (`cgroup_procs`: the
-    `cgroup.procs` files to write its pid to), drops to `user` (name, uid, gid, groups:
+    stderr into `log_fd`. The child starts in, or enters, the run's cgroups `cg`
+    (`cgroups.fork_into`, `cgroups.enter`) before exec, drops to `user` (name, uid, gid, groups:
     setgid, setgroups, setuid, umask 077; no lookup happens in the child) and then enters `cwd` with that user's rights. A failure in
     the child is raised here as SpawnError with its stage and errno.
 
@@ -207,7 +207,7 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
     several milliseconds."""
     err_r, err_w = os.pipe()  # close-on-exec: EOF on success, "stage:errno" on failure
     devnull = os.open(os.devnull, os.O_RDONLY)
-    pid = os.fork()
+    pid, in_v2 = cgroups.fork_into(cg) if cg else (os.fork(), False)
     if pid == 0:  # the child: only async-signal-safe-ish calls until exec
         stage = "exec"
         try:
@@ -217,10 +217,8 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
                 signal.signal(sig, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
             stage = "cgroup"
-            me = str(os.getpid())
-            for path in cgroup_procs:
-                with open(path, "w") as f:
-                    f.write(me)
+            if cg:
+                cgroups.enter(cg, in_v2)
             if user is not None:
                 stage = "user"
                 _name, uid, gid, gids = user
@@ -553,7 +551,7 @@ class Shim:
                                           log_fd)
         self.subreaper = _become_subreaper()
         try:
-            pid = spawn(command, cwd, env, log_fd, cgroups.procs_files(self.cg),
+            pid = spawn(command, cwd, env, log_fd, self.cg,
                         (user[0], user[1], user[2], user[5]) if user else None)
         except SpawnError as err:
             cgroups.remove(self.cg)
@@ -648,6 +646,7 @@ def standby() -> str | None:
     become that job's supervisor. This takes the interpreter's start-up (and the C library's
     loading) off the dispatch path."""
     _libc()
+    cgroups.load_clone3()
     line = sys.stdin.readline().strip()
     if not line:
         return None  # the runner went away (EOF)
