@@ -1290,9 +1290,11 @@ class JobService:
                     fut.set_result(job)
         else:
             self._keep(job)
+        # the cycle first: tasks run in the order they were woken, and the listeners woken by
+        # the publication (the monitor's diagnosis of an ended job, ...) can wait; a freed GPU can't
+        self.wake()
         self._publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
                             "reason": reason, "data": data or {}})
-        self.wake()
         return job
 
     def _terminate(self, job: Job, reason: str, outcome: str, grace_s: int, actor: str = "engine") -> None:
@@ -1354,8 +1356,8 @@ class JobService:
             state = JobState.CANCELLED
         else:
             state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
+        self._freed.set()  # (before the end is published: see _set_state)
         self._set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
-        self._freed.set()
         self._ended_since_cycle = True
 
     # ================================================================= the cycle
