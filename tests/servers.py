@@ -75,6 +75,34 @@ def wait_job(client: Any, job_id: int, until: Callable[[dict[str, Any]], Any] | 
         time.sleep(0.1)
 
 
+
+def kernel_ready(kc: Any, timeout: float = 60.0) -> None:
+    """Until the kernel answers kernel_info on shell *and* its IOPub reaches `kc`: a SUB socket
+    subscribes some time after it connects, and on a busy machine a kernel_info reply can come
+    before that, so the first cell's output would be lost (ZeroMQ's "slow joiner"). As
+    jupyter_client's wait_for_ready, but without its heartbeat check, which misfires on a busy
+    machine for a client made from a connection file."""
+    from queue import Empty
+
+    deadline = time.monotonic() + timeout
+    while True:
+        msg_id = kc.kernel_info()
+        try:
+            while kc.get_shell_msg(timeout=1)["parent_header"].get("msg_id") != msg_id:
+                pass
+            # the kernel publishes its busy/idle status for every request: IOPub is connected
+            # once one of this request's arrives
+            while kc.get_iopub_msg(timeout=0.5)["parent_header"].get("msg_id") != msg_id:
+                pass
+            break
+        except Empty:
+            assert time.monotonic() < deadline, f"the kernel did not answer in {timeout:.0f}s"
+    while True:  # the rest of this request's status messages
+        try:
+            kc.get_iopub_msg(timeout=0.2)
+        except Empty:
+            return
+
 def stop_job_processes(run_dir: Path, grace: float = 3.0) -> None:
     """End every job a test left running under `run_dir`: SIGTERM its supervisors, which stop
     their whole process trees (SIGKILLing them would orphan the jobs), then SIGKILL stragglers.

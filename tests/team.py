@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from servers import free_port, stop_job_processes
+from servers import free_port, kernel_ready, stop_job_processes
 
 REPO = Path(__file__).resolve().parent.parent
 USER_PYTHON = Path(os.environ.get("GPUJOBS_TEST_VENV", "/opt/gpujobs-test")) / "bin" / "python"
@@ -105,15 +105,8 @@ class UserServer:
         kc.kernel_id = kid  # type: ignore[attr-defined]
         kc.load_connection_file(str(conn))
         kc.start_channels()
-        deadline = time.monotonic() + 60  # not wait_for_ready: its heartbeat check misfires on a busy machine
-        while True:
-            kc.kernel_info()
-            try:
-                if kc.get_shell_msg(timeout=2)["msg_type"] == "kernel_info_reply":
-                    return kc
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.user}'s kernel did not answer") from None
+        kernel_ready(kc, 60)
+        return kc
 
 
 def evaluate(kc: Any, code: str, timeout: float = 60) -> Any:

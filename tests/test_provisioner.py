@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from servers import wait_until
+from servers import kernel_ready, wait_until
 
 from jupyter_gpujobs.jupyter.provisioner import GPUKernelProvisioner, GPUKernelStartError, human_duration
 
@@ -38,23 +38,6 @@ def install_spec(server: Any, name: str, *options: str) -> None:
            *options]
     done = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-
-
-def wait_for_kernel_info(kc: Any, timeout: float = 30) -> None:
-    """Until the kernel answers kernel_info (wait_for_ready gives up on a client made from a
-    connection file whose kernel does not beat yet)."""
-    from queue import Empty
-
-    deadline = time.monotonic() + timeout
-    while True:
-        msg_id = kc.kernel_info()
-        try:
-            while True:
-                reply = kc.get_shell_msg(timeout=1)
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    return
-        except Empty:
-            assert time.monotonic() < deadline, "kernel did not answer kernel_info"
 
 
 class Kernels:
@@ -87,7 +70,7 @@ class Kernels:
         kc.load_connection_file()
         kc.start_channels()
         self.clients.append(kc)
-        wait_for_kernel_info(kc)
+        kernel_ready(kc)
         return kc
 
     def evaluate(self, kernel_id: str, expression: str) -> str:
@@ -277,7 +260,7 @@ def test_idle_kernel_is_reclaimed_busy_one_is_not(live_server: Any, kernels: Any
     # the server learns that a kernel is busy from its status messages; its subscription can
     # miss the first ones, so start the cell once it has seen one (as Lab's first cell would)
     def server_saw_a_status() -> bool:
-        wait_for_kernel_info(kc)  # one request answered, so one more status published
+        kernel_ready(kc)  # one request answered, so one more status published
         return k.server_state(busy) != "starting"
 
     wait_until(server_saw_a_status, 10, "the server to see the kernel's status")
