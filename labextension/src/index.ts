@@ -125,6 +125,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // The dashboard: one view in the main area, its model alive while it is open.
     let dashboard: MainAreaWidget<GPUDashboard> | null = null;
+    const dashboards = new WidgetTracker<MainAreaWidget<GPUDashboard>>({ namespace: 'gpujobs-dashboard' });
     const themeName = () => themes?.theme ?? document.body.dataset.jpThemeName ?? '';
     const openDashboard = () => {
       if (dashboard && !dashboard.isDisposed) {
@@ -147,6 +148,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         dashboard = null;
       });
       dashboard = widget;
+      void dashboards.add(widget);
       shell.add(widget, 'main');
       shell.activateById(widget.id);
       dashModel.start();
@@ -162,6 +164,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 900 });
     if (restorer) {
       restorer.add(panel, 'gpujobs-panel');
+      // a reload reopens the dashboard and the job logs where they were
+      void restorer.restore(dashboards, { command: CommandIDs.openDashboard, name: () => 'dashboard' });
+      void restorer.restore(logs, {
+        command: CommandIDs.openLog,
+        args: widget => ({ id: widget.content.jobId }),
+        name: widget => String(widget.content.jobId)
+      });
     }
 
     const openPanel = () => shell.activateById(panel.id);

@@ -139,8 +139,9 @@ def stop_lab(lab: Lab) -> None:
             lab.proc.wait(5)
 
 
-def open_lab(pg: Any, url: str, theme: str | None = None) -> None:
-    pg.goto(url + "lab", wait_until="domcontentloaded")
+def open_lab(pg: Any, url: str, theme: str | None = None, workspace: str | None = None) -> None:
+    """JupyterLab at `url`, in its default workspace or the named one (its own saved layout)."""
+    pg.goto(url + (f"lab/workspaces/{workspace}" if workspace else "lab"), wait_until="domcontentloaded")
     pg.wait_for_function("window.jupyterapp && window.jupyterapp.started !== undefined", timeout=60000)
     pg.wait_for_selector("#jp-main-dock-panel", timeout=60000)
     pg.evaluate("window.jupyterapp.started")

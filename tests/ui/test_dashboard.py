@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labtools import burner, copy_to_docs, open_panel, run_command, screenshot, set_theme, sleeper, wait_for
+from labtools import (
+    burner,
+    copy_to_docs,
+    open_lab,
+    open_panel,
+    run_command,
+    screenshot,
+    set_theme,
+    sleeper,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.ui, pytest.mark.usefixtures("idle_engine")]
 
@@ -99,6 +109,38 @@ def test_dashboard_charts_have_data_and_follow_the_engine_live(page: Any, client
     for name in CHARTS:
         wait_for(lambda n=name: points(page, n) > 0 and drawn(page, n) > 0, 30, f"the {name} chart of the last day")
     assert dash.locator(".jp-GPUJobs-error").count() == 0
+
+
+
+def test_a_reload_brings_the_dashboard_and_a_job_log_back(page: Any, client: Any, lab: Any) -> None:
+    import httpx
+
+    job = client.submit(sleeper(0.1), gpus=0, name="restore-me")
+    # a workspace of its own: the layout saved here does not reach the other tests' pages
+    open_lab(page, lab.url, workspace="gpujobs-restore")
+    open_dashboard(page)
+    run_command(page, "gpujobs:open-log", {"id": job["id"]})
+    page.locator(f"#gpujobs-log-{job['id']}").wait_for(state="visible", timeout=15000)
+
+    def saved() -> bool:
+        r = httpx.get(lab.url + "lab/api/workspaces/gpujobs-restore", timeout=10)
+        data = r.json().get("data", {}) if r.status_code == 200 else {}
+        return "gpujobs-dashboard:dashboard" in data and f"gpujobs-log:{job['id']}" in data
+
+    wait_for(saved, 15, "the layout with the dashboard and the log saved")
+    page.reload(wait_until="domcontentloaded")
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.started !== undefined", timeout=60000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    log = page.locator(f"#gpujobs-log-{job['id']}")
+    log.wait_for(state="attached", timeout=15000)
+    dash = page.locator("#gpujobs-dashboard-area")
+    dash.wait_for(state="attached", timeout=15000)
+    tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel").all_inner_texts()
+    assert "GPU Dashboard" in tabs and any(t.startswith(f"Log: job {job['id']}") for t in tabs), tabs
+    run_command(page, "gpujobs:open-dashboard")  # the restored one, drawn, not a second one
+    dash.wait_for(state="visible", timeout=15000)
+    wait_for(lambda: version(page, "utilization") > 0, 30, "the restored dashboard drawn")
+    assert page.locator("#gpujobs-dashboard-area").count() == 1
 
 
 def test_dashboard_opens_from_the_panel_and_shows_findings_with_admin_actions(page: Any, client: Any,
