@@ -45,14 +45,16 @@ class Mailbox:
 
 
 class Receiver:
-    """A real HTTP server on `port` (a thread) keeping the JSON posted to each path."""
+    """A real HTTP server on `port` (a thread) keeping the JSON posted to each path, each
+    answered after `delay` seconds."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, delay: float = 0.0) -> None:
         posts: dict[str, list[dict[str, Any]]] = {}
         self.posts = posts
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                time.sleep(delay)  # a slow receiver
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 posts.setdefault(self.path, []).append(json.loads(body))
                 self.send_response(200)
@@ -280,6 +282,25 @@ def test_a_receiver_that_is_down_is_retried_and_logged_once(live_server: Any) ->
     log = server.server_log()
     assert log.count(down) == 1, log[-3000:]
     assert f"webhook host 127.0.0.1:{port} takes messages again" in log
+
+
+
+def test_messages_queued_when_the_engine_stops_are_still_sent(live_server: Any) -> None:
+    slow = Receiver(delay=0.4)  # one message at a time per destination: six take 2.4 s
+    try:
+        server = live_server(users=USERS)
+        alice = _clients(server)["alice"]
+        alice.set_notifications(webhook=slow.url("/alice"), events=["started", "ended"])
+        jobs = [alice.submit("true", gpus=0, name=f"q{i}") for i in range(3)]
+        for job in jobs:
+            wait_job(alice, job["id"], ("COMPLETED",))
+        server.stop()  # (SIGTERM, as systemd stops the engine)
+        expected = {f"[gpujobs] job {j['id']} (q{i}) {what}" for i, j in enumerate(jobs)
+                    for what in ("started", "completed")}
+        assert set(slow.texts("/alice")) == expected
+        assert len(slow.texts("/alice")) == len(expected)  # each once
+    finally:
+        slow.stop()
 
 
 def _dispatch_seconds(client: GPUJobsClient, n: int) -> tuple[float, float]:

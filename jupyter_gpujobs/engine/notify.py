@@ -230,10 +230,15 @@ class Notifier:
         self._tasks = [asyncio.ensure_future(self._work()) for _ in range(self.settings.workers)]
         self._unsubscribe = self.service.subscribe(self._on_message)
 
+    #: How long stop() lets messages already queued go out (a destination that is down or
+    #: hung is not waited for beyond this).
+    DRAIN_S = 5.0
+
     async def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        await self._drain(time.monotonic() + self.DRAIN_S)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -252,6 +257,17 @@ class Notifier:
         if self._http is not None:
             self._http.close()
             self._http = None
+
+    async def _drain(self, deadline: float) -> None:
+        """Until the messages queued when the engine stops are sent (the job that ended just
+        before a restart is still told of), a destination that is down has nothing to send
+        before its backoff ends, or `deadline`."""
+        while self._tasks and time.monotonic() < deadline:
+            now = time.monotonic()
+            if not ((self._queue is not None and not self._queue.empty())
+                    or any(d.busy or (d.waiting and d.down_until <= now) for d in self._destinations.values())):
+                return
+            await asyncio.sleep(0.05)
 
     # ================================================================= users' settings
 
