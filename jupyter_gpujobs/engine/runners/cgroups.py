@@ -26,15 +26,15 @@ Standard library only: the shim imports this module on the dispatch path.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import stat
-import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 #: The folder under each hierarchy that holds the jobs' cgroups.
 PARENT = "gpujobs"
@@ -242,26 +242,30 @@ def procs_files(cg: dict[str, str]) -> list[str]:
 
 _CLONE3 = 435  # the same number on every architecture
 _CLONE_INTO_CGROUP = 0x200000000
-_CLONE3_CALL: list[Any] = []  # [syscall function, argument structure type], once loaded
 
 
-def load_clone3() -> tuple[Any, Any] | None:
-    """clone3 through ctypes, loaded once (a waiting supervisor loads it ahead of its job)."""
-    if not _CLONE3_CALL:
-        try:
-            import ctypes
+@functools.cache
+def load_clone3() -> Callable[[int], int] | None:
+    """`clone_into(cgroup_fd) -> pid` (clone3 through ctypes, as fork() returns: 0 in the
+    child, -1 where the kernel refuses), or None without ctypes. Loaded once: a waiting
+    supervisor loads it ahead of its job."""
+    try:
+        import ctypes
 
-            class CloneArgs(ctypes.Structure):
-                _fields_ = [(name, ctypes.c_uint64) for name in (
-                    "flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls",
-                    "set_tid", "set_tid_size", "cgroup")]
+        syscall = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the child is a copy holding the GIL
+    except (ImportError, OSError, AttributeError):
+        return None
 
-            # PyDLL: the call keeps the GIL, so the child is a copy of a process that held it
-            _CLONE3_CALL.extend((ctypes.PyDLL(None, use_errno=True).syscall, CloneArgs))
-        except (ImportError, OSError, AttributeError):
-            _CLONE3_CALL.extend((None, None))
-    call, args = _CLONE3_CALL
-    return None if call is None else (call, args)
+    class CloneArgs(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint64) for name in (
+            "flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls",
+            "set_tid", "set_tid_size", "cgroup")]
+
+    def clone_into(fd: int) -> int:
+        args = CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=fd)
+        return int(syscall(ctypes.c_long(_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args))))
+
+    return clone_into
 
 
 def fork_into(cg: dict[str, str]) -> tuple[int, bool]:
@@ -270,37 +274,28 @@ def fork_into(cg: dict[str, str]) -> tuple[int, bool]:
     (an older kernel, a seccomp filter, no v2 cgroup) this is os.fork() and `enter` moves it.
     The child must exec soon: the interpreter is not told of this fork (it is single-threaded
     here, the supervisor's)."""
-    v2 = cg.get("v2")
-    loaded = load_clone3() if v2 and sys.platform.startswith("linux") else None
-    if loaded is not None:
-        import ctypes
-
-        call, args_type = loaded
+    clone_into = load_clone3() if "v2" in cg else None
+    if clone_into is not None:
         try:
-            fd = os.open(v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(cg["v2"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            fd = -1
-        if fd >= 0:
-            args = args_type(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=fd)
-            pid = call(ctypes.c_long(_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
-            if pid != 0:  # the parent, or no child (the child's copy closes at exec)
-                os.close(fd)
-            if pid >= 0:
-                return pid, True
+            return os.fork(), False
+        pid = clone_into(fd)
+        if pid != 0:  # the parent, or no child (the child's copy closes at exec)
+            os.close(fd)
+        if pid >= 0:
+            return pid, True
     return os.fork(), False
 
 
 def enter(cg: dict[str, str], in_v2: bool = False) -> None:
     """Move the calling (single-threaded) process into every cgroup of the run: itself into
     each v1 hierarchy ("0" to `tasks`), and by pid into v2 unless `in_v2` (`fork_into` did)."""
-    for key in ("v2", *V1_CONTROLLERS):
-        if key not in cg or (key == "v2" and in_v2):
-            continue
-        tasks = os.path.join(cg[key], "tasks")
-        if key != "v2" and os.path.exists(tasks):
-            _write(tasks, "0")
-        else:
-            _write(os.path.join(cg[key], "cgroup.procs"), str(os.getpid()))
+    if "v2" in cg and not in_v2:
+        _write(os.path.join(cg["v2"], "cgroup.procs"), str(os.getpid()))
+    for key in V1_CONTROLLERS:
+        if key in cg:
+            _write(os.path.join(cg[key], "tasks"), "0")
 
 
 def _tracker(cg: dict[str, str]) -> str | None:

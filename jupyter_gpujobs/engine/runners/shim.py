@@ -207,7 +207,7 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
     several milliseconds."""
     err_r, err_w = os.pipe()  # close-on-exec: EOF on success, "stage:errno" on failure
     devnull = os.open(os.devnull, os.O_RDONLY)
-    pid, in_v2 = cgroups.fork_into(cg) if cg else (os.fork(), False)
+    pid, in_v2 = cgroups.fork_into(cg or {})
     if pid == 0:  # the child: only async-signal-safe-ish calls until exec
         stage = "exec"
         try:
@@ -217,8 +217,7 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
                 signal.signal(sig, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
             stage = "cgroup"
-            if cg:
-                cgroups.enter(cg, in_v2)
+            cgroups.enter(cg or {}, in_v2)
             if user is not None:
                 stage = "user"
                 _name, uid, gid, gids = user
