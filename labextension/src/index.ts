@@ -123,13 +123,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     };
 
-    // The dashboard: one view in the main area, its model alive while it is open.
-    let dashboard: MainAreaWidget<GPUDashboard> | null = null;
+    // The dashboard: one view in the main area (its tracker holds it while it is open, for the
+    // layout restorer too), its model alive while it is open.
     const dashboards = new WidgetTracker<MainAreaWidget<GPUDashboard>>({ namespace: 'gpujobs-dashboard' });
     const themeName = () => themes?.theme ?? document.body.dataset.jpThemeName ?? '';
     const openDashboard = () => {
-      if (dashboard && !dashboard.isDisposed) {
-        shell.activateById(dashboard.id);
+      const open = dashboards.find(() => true);
+      if (open) {
+        shell.activateById(open.id);
         return;
       }
       const dashModel = new DashboardModel(model);
@@ -145,9 +146,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       widget.disposed.connect(() => {
         themes?.themeChanged.disconnect(onTheme);
         dashModel.dispose();
-        dashboard = null;
       });
-      dashboard = widget;
       void dashboards.add(widget);
       shell.add(widget, 'main');
       shell.activateById(widget.id);
