@@ -136,6 +136,22 @@ async def test_a_huge_array_is_refused_at_once(api: Any, engine: Any) -> None:
     assert got == 201 and len(reply["array_tasks"]) == 10
 
 
+async def test_a_huge_command_is_refused_before_it_is_split(api: Any, engine: Any) -> None:
+    """A 1 MB command string once held the server for everyone for ~40 s while it was split (a
+    word grew a character at a time): its size is checked first, and a long one that is allowed
+    is split in one pass, to the same words as a shell."""
+    got, reply = await api("POST", "jobs", {**GOOD, "command": "echo " + "x" * 1_000_000})
+    assert got == 400 and reply["field"] == "command" and "65,536 allowed" in reply["message"], reply
+    got, reply = await api("POST", "jobs", {**GOOD, "command": ["echo"] * 5000})
+    assert got == 400 and reply["field"] == "command" and "4,096 words" in reply["message"], reply
+    assert engine.store.list_jobs()[0] == []
+    long_word = "y" * 60_000
+    got, reply = await api("POST", "jobs", {**GOOD, "begin": "+1d",
+                                            "command": f"echo 'a b' \"{long_word}\" c\\ d"})
+    assert got == 201, reply
+    assert reply["command"] == ["echo", "a b", long_word, "c d"]
+
+
 ID_ROUTES = [("GET", "jobs/{}"), ("DELETE", "jobs/{}"), ("GET", "jobs/{}/log"), ("GET", "jobs/{}/events"),
              ("POST", "jobs/{}/end"), ("GET", "jobs/{}/stats")]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from jupyter_gpujobs.model import (
     parse_dependencies,
     parse_duration,
     parse_fake_gpus,
+    split_command,
     validate_submission,
 )
 
@@ -111,3 +113,25 @@ def test_bad_submissions(body: dict, field: str, words: str) -> None:
         validate_submission(body, GPUS, Policy(), now=0)
     assert err.value.field == field
     assert words in err.value.message
+
+
+def test_command_strings_split_as_a_shell_does() -> None:
+    """`split_command` gives shlex's words (and its errors) on every string of shell-ish
+    characters up to 10 long: quotes, escapes, white space, and text around them."""
+    import random
+    import shlex
+
+    def words(split: Any, text: str) -> Any:
+        try:
+            return split(text)
+        except ValueError:
+            return "error"
+
+    rng = random.Random(7)
+    alphabet = "ab \t\n'\"\\é$"
+    for _ in range(50_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+        assert words(split_command, text) == words(shlex.split, text), repr(text)
+    assert split_command('python -c "print(\\"hi\\")" \'x y\'') == ["python", "-c", 'print("hi")', "x y"]
+    with pytest.raises(ValueError, match="unclosed quote"):
+        split_command("echo 'oops")
