@@ -7,6 +7,9 @@
 # pyproject.toml changed (or with GPUJOBS_REINSTALL=1). Lab's terminals and kernels get the
 # venv's bin first on PATH, so `jupyter gpujobs ...` works in them as the README shows. As root
 # it adds --allow-root, and with no display --no-browser. GPUJOBS_VENV: the venv (default .venv).
+# Lab serves a working folder of the user's, not this clone, so the notebooks and job outputs of
+# the tour never land in the source tree: GPUJOBS_WORKDIR (default ~/gpujobs-work), created if
+# missing, unless the arguments name a root dir (--ServerApp.root_dir, --notebook-dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -69,6 +72,15 @@ if [ -z "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ] && [ "$(uname)" != Darwin ] && [[ "
    && [[ " $* " != *"--ServerApp.open_browser"* ]]; then
   args+=(--no-browser)
   echo "    no display: adding --no-browser; open the URL printed below (on a remote box through ssh -L)"
+fi
+
+if [[ " $* " != *"root_dir"* ]] && [[ " $* " != *"notebook-dir"* ]] && [[ " $* " != *"notebook_dir"* ]]; then
+  WORKDIR=${GPUJOBS_WORKDIR:-$HOME/gpujobs-work}
+  mkdir -p "$WORKDIR"
+  WORKDIR=$(cd "$WORKDIR" && pwd)
+  args+=("--ServerApp.root_dir=$WORKDIR")
+  echo "    serving $WORKDIR: your notebooks and job outputs go there, not into this clone"
+  echo "    (GPUJOBS_WORKDIR or --ServerApp.root_dir=DIR serves another folder)"
 fi
 
 step "4/4 starting JupyterLab; in its terminals try: jupyter gpujobs gpus"

@@ -125,3 +125,47 @@ def test_run_lab_flags_are_not_doubled(tmp_path: Path, given: str) -> None:
     args = done.stdout.split("ARGS: ", 1)[1].split()
     assert args.count("--no-browser") == 1
     assert args.count("--allow-root") == (1 if os.geteuid() == 0 or given else 0)
+
+
+def test_run_lab_serves_a_working_folder_not_the_clone(tmp_path: Path) -> None:
+    """The tour's notebooks and job outputs must not land in the source tree, where the test
+    command's lint and the tests would trip on them: Lab serves ~/gpujobs-work (made if missing),
+    or GPUJOBS_WORKDIR, or the root dir the user names, once."""
+    venv = fake_venv(tmp_path / "venv")
+    (venv / "bin" / "jupyter").unlink()
+    (venv / "bin" / "jupyter").write_text('#!/bin/sh\necho "ARGS: $*"\n')
+    (venv / "bin" / "jupyter").chmod(0o755)
+
+    def served(*given: str, **env: str) -> list[str]:
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "run-lab.sh"), *given],
+                              env={**os.environ, "GPUJOBS_VENV": str(venv), "HOME": str(tmp_path / "home"), **env},
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        args = done.stdout.split("ARGS: ", 1)[1].split()
+        return [a.split("=", 1)[1] for a in args if a.startswith("--ServerApp.root_dir=")]
+
+    work = tmp_path / "home" / "gpujobs-work"
+    assert served() == [str(work)] and work.is_dir()
+    assert str(ROOT) not in served()[0]
+    assert served(GPUJOBS_WORKDIR=str(tmp_path / "mine")) == [str(tmp_path / "mine")]
+    assert served(f"--ServerApp.root_dir={tmp_path}") == [str(tmp_path)]
+
+
+def test_lint_checks_the_project_not_what_a_user_saved(tmp_path: Path) -> None:
+    """A notebook or script a user saved at the top of the clone is not the project's code: the
+    test command's lint step passes over it, and still fails on the project's own code."""
+    clone = tmp_path / "clone"
+    for part in ("jupyter_gpujobs", "tests", "benchmarks", "binder", "scripts"):
+        (clone / part).mkdir(parents=True)
+    (clone / "scripts" / "lint.sh").write_text((ROOT / "scripts" / "lint.sh").read_text())
+    (clone / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (clone / "jupyter_gpujobs" / "ok.py").write_text("VALUE = 1\n")
+    (clone / "tour.py").write_text("print(losses)\n")  # what a tour leaves: a name from another cell
+    ruff = str(Path(sys.executable).parent / "ruff")
+    lint = subprocess.run(["bash", str(clone / "scripts" / "lint.sh"), ruff], capture_output=True, text=True,
+                          timeout=120)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    (clone / "jupyter_gpujobs" / "bad.py").write_text("print(losses)\n")
+    lint = subprocess.run(["bash", str(clone / "scripts" / "lint.sh"), ruff], capture_output=True, text=True,
+                          timeout=120)
+    assert lint.returncode == 1 and "F821" in lint.stdout and "tour.py" not in lint.stdout
