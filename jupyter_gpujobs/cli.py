@@ -461,11 +461,15 @@ def run(argv: Sequence[str]) -> int:
     elif args.cmd == "show":
         job = client.job(args.id)
         if args.json:
-            job["events"] = client.events(args.id)
+            job["events"] = [] if job.get("private") else client.events(args.id)
             print(json.dumps(job, indent=2))
         else:
             print(format_jobs([job], time.time()))
-            print("command: " + safe_text(shlex.join(job.get("command") or [])))
+            if job.get("private"):
+                print(f"its command, log and events are private to {safe_text(job.get('user'))}")
+                return 0
+            if job.get("command"):
+                print("command: " + safe_text(shlex.join(job["command"])))
             for e in client.events(args.id):
                 print(safe_text(f"  {_when(e['time'])}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":
@@ -475,7 +479,8 @@ def run(argv: Sequence[str]) -> int:
                 job = client.cancel(job_id)
                 print(f"job {job_id} {job['state']}")
             except GPUJobsError as err:
-                print(f"error: job {job_id}: {safe_text(err.message)}", file=sys.stderr)
+                said = safe_text(err.message)  # the engine's message names the job as a rule
+                print(f"error: {said}" if f"job {job_id}" in said else f"error: job {job_id}: {said}", file=sys.stderr)
                 failed += 1
         return 1 if failed else 0
     elif args.cmd == "log":

@@ -81,3 +81,29 @@ async def test_private_data_off_shows_everything(jp_fetch: Any, engine: Any) -> 
     jid = (await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 0, "name": "open"}))[1]["id"]
     code, seen = await call(jp_fetch, "bob", "GET", f"jobs/{jid}")
     assert code == 200 and seen["name"] == "open" and "private" not in seen
+
+
+async def test_cli_show_and_cancel_of_another_users_job(jp_fetch: Any, engine: Any, jp_http_port: int,
+                                                        jp_base_url: str) -> None:
+    """`show` of someone else's job prints its queue view and says the rest is private (no
+    privacy error after the table, exit 0); `cancel` names the job once in its refusal."""
+    import asyncio
+    import sys
+
+    code, job = await call(jp_fetch, "ann", "POST", "jobs", {"command": "sleep 30", "gpus": 1, "begin": "+1d"})
+    url = f"http://127.0.0.1:{jp_http_port}{jp_base_url}"
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "jupyter_gpujobs.cli", "--url", url, "--token", "bob", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    code, out, err = await cli("show", str(job["id"]))
+    assert code == 0 and err == "", (out, err)
+    assert "ann" in out and "private to ann" in out and "command:" not in out
+    code, out, err = await cli("show", "--json", str(job["id"]))
+    assert code == 0 and json.loads(out)["private"] is True and json.loads(out)["events"] == []
+    code, out, err = await cli("cancel", str(job["id"]))
+    assert code == 1 and err.count(f"job {job['id']}") == 1 and "belongs to ann" in err, err
