@@ -48,6 +48,18 @@ class GPUJobFailed(RuntimeError):
         return lines
 
 
+class JobCancelled(KeyboardInterrupt):
+    """A `%%gpujob` cell was interrupted and its job cancelled. It is a KeyboardInterrupt, so the
+    notebook stops as at any interrupt ("Run All" goes no further), shown as one line rather
+    than a traceback through the magic's own code."""
+
+    def __init__(self, job: dict[str, Any]):
+        super().__init__(f"job {job['id']} {str(job.get('state', 'CANCELLED')).lower()} (the cell was interrupted)")
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
 def tail_lines(text: str, n: int = 20) -> str:
     lines = text.splitlines(keepends=True)
     return "".join(lines[-n:])

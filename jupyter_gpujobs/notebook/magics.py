@@ -52,6 +52,7 @@ from ..model import (
 from . import cell_job
 from .cells import (
     GPUJobFailed,
+    JobCancelled,
     cell_folder_root,
     describe,
     gpus_table,
@@ -287,7 +288,7 @@ class CellRun:
                 self.job = self.client.wait(job_id, timeout=10)
         except KeyboardInterrupt:
             self.cancel()
-            raise
+            raise JobCancelled(self.job) from None
         self._show()
         return self.job
 
