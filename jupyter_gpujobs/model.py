@@ -371,6 +371,12 @@ class FakeGPUSpec:
     #: MIG instances each card of this kind is partitioned into (profile names such as
     #: "1g.18gb", one per instance); empty: a whole GPU
     mig: tuple[str, ...] = ()
+    #: memory the driver keeps for itself ("[reserved:616M]"): NVML v1 "used" counts it, v2 not
+    reserved_mb: int = 0
+    #: the driver has NVML's v2 memory info (used without reserved); "[nvml:v1]": it has not
+    nvml_v2: bool = True
+    #: NVML reports the processes with pids of another pid namespace, as in a container ("[pidns:other]")
+    other_pidns: bool = False
 
 
 _FAKE_PART = re.compile(r"^(?:(\d+)\s*[x×*]\s*)?([A-Za-z][\w.-]*?)(?:-(\d+)\s*GB)?(?:\s*\[(.*)\])?$", re.IGNORECASE)
@@ -426,6 +432,31 @@ def _parse_mig(text: str, part: str, memory_mb: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _parse_card_options(text: str, part: str, memory_mb: int) -> dict[str, Any]:
+    """The bracketed options of a fake card, `;` (or `][`) between them: `mig:...` (_parse_mig),
+    `reserved:616M` (memory the driver keeps for itself), `nvml:v1` (a driver without NVML's v2
+    memory info), `pidns:other` (NVML reports pids of another pid namespace, as in a container)."""
+    options: dict[str, Any] = {}
+    for item in re.split(r";|\]\s*\[", text):
+        key, _, value = item.strip().partition(":")
+        key, value = key.strip().lower(), value.strip()
+        if key == "mig":
+            options["mig"] = _parse_mig(item, part, memory_mb)
+        elif key == "reserved":
+            reserved = _parse_size(value, "fake_gpus") // (1024 * 1024)
+            if reserved >= memory_mb:
+                raise InvalidInput("fake_gpus", f"reserved:{value} in {part!r} is not less than the card's memory")
+            options["reserved_mb"] = reserved
+        elif key == "nvml" and value.lower() in ("v1", "v2"):
+            options["nvml_v2"] = value.lower() == "v2"
+        elif key == "pidns" and value.lower() in ("other", "same"):
+            options["other_pidns"] = value.lower() == "other"
+        else:
+            raise InvalidInput("fake_gpus", f"cannot read [{item.strip()}] in {part!r}; write e.g. "
+                                            "H200-141GB[mig:1g.18gb*7] or H200-141GB[reserved:616M;nvml:v1;pidns:other]")
+    return options
+
+
 def mig_profile_memory_mb(profile: str) -> int:
     """Memory of a MIG instance from its profile name: "1g.18gb" -> 18432 (MB)."""
     match = MIG_PROFILE.search(profile)
@@ -438,6 +469,8 @@ def parse_fake_gpus(spec: str) -> list[FakeGPUSpec]:
     A card partitioned with MIG lists its instances in brackets:
     `"1xH200-141GB[mig:1g.18gb*7]"`, `"A100-80GB[mig:3g.40gb,2g.20gb,1g.10gb*2]"` (profiles
     "<slices>g.<GB>gb", `*N` for N alike; at most 7 slices and the card's memory in all).
+    What the driver does is said the same way (`_parse_card_options`), as on a real H200:
+    `"1xH200-141GB[reserved:616M]"`, `"2xH100[reserved:500M;nvml:v1;pidns:other]"`.
     """
     out: list[FakeGPUSpec] = []
     if not spec or not spec.strip():
@@ -459,8 +492,8 @@ def parse_fake_gpus(spec: str) -> list[FakeGPUSpec]:
         else:
             memory = _KNOWN_MEMORY_MB.get(base.upper(), 16384)
             model = base
-        mig = _parse_mig(match.group(4), part, memory) if match.group(4) is not None else ()
-        out.append(FakeGPUSpec(count, model, memory, mig))
+        options = _parse_card_options(match.group(4), part, memory) if match.group(4) is not None else {}
+        out.append(FakeGPUSpec(count, model, memory, **options))
     return out
 
 
@@ -500,13 +533,14 @@ class GPU:
     name: str
     host: str = "localhost"
     memory_total_mb: int = 0
-    memory_used_mb: int = 0
+    memory_used_mb: int = 0  # used by processes: never the driver's own reservation
     utilization: float = 0.0  # percent, 0-100
     healthy: bool = True
     draining: bool = False
     # in use outside the queue (e.g. "in use by a process outside the queue (7.6 GB, pid 1234,
     # user bob)"): busy for the scheduler until released or an admin overrides; None: not
     foreign: str | None = None
+    memory_reserved_mb: int = 0  # kept by the driver for itself, apart from memory_used_mb (as nvidia-smi)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ ones for machines without GPUs (tests, demo, binder), or none.
 `make_backend(fake_spec, log)` picks the backend: a fake spec (`c.GPUJobs.fake_gpus` or the
 environment variable `GPUJOBS_FAKE_GPUS`, e.g. "4xA100-80GB,2xT4") gives fake GPUs; otherwise
 NVML; otherwise 0 GPUs with one clear log line saying why and how to get a demo.
+
+Memory used means used by processes, the driver's reservation apart (memory.py); whether a GPU
+no job holds is in use outside the queue, and what to do then, is foreign.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import os
 
 from ...model import parse_fake_gpus
 from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample, NoGPUBackend
-from .fake import FakeBackend, fake_uuid
+from .fake import PIDNS_OFFSET, FakeBackend, fake_uuid
+from .foreign import ForeignUse, foreign_use
+from .memory import MemoryReading, MemorySplitter
 
 FAKE_ENV = "GPUJOBS_FAKE_GPUS"
 
@@ -47,6 +52,6 @@ def make_backend(fake_spec: str | None, log: logging.Logger, fleet: str | None =
 
 
 __all__ = [
-    "FAKE_ENV", "LOCAL_HOST", "FakeBackend", "GPUBackend", "GPUProcess", "GPUSample", "NoGPUBackend",
-    "fake_uuid", "make_backend",
+    "FAKE_ENV", "LOCAL_HOST", "PIDNS_OFFSET", "FakeBackend", "ForeignUse", "GPUBackend", "GPUProcess", "GPUSample",
+    "MemoryReading", "MemorySplitter", "NoGPUBackend", "fake_uuid", "foreign_use", "make_backend",
 ]

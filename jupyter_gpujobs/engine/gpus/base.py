@@ -32,8 +32,9 @@ class GPUSample:
     uuid: str
     time: float  # epoch seconds of the reading
     utilization: float | None = None  # percent 0-100
-    memory_used_mb: int | None = None
+    memory_used_mb: int | None = None  # used by processes, without the driver's reservation (memory.py)
     memory_total_mb: int | None = None
+    memory_reserved_mb: int | None = None  # kept by the driver for itself, as nvidia-smi's memory.reserved
     temperature_c: float | None = None
     power_w: float | None = None
     ecc_errors: int | None = None  # uncorrected ECC errors since the driver loaded
@@ -50,11 +51,13 @@ class GPUBackend(abc.ABC):
 
     @abc.abstractmethod
     def inventory(self) -> list[GPU]:
-        """Every GPU, with current memory use and utilization."""
+        """Every GPU, with current memory use (by processes; the driver's reservation apart)
+        and utilization."""
 
     @abc.abstractmethod
     def processes(self) -> dict[int, list[GPUProcess]]:
-        """GPU index -> the processes using it (every index present, possibly empty)."""
+        """GPU index -> the processes using it (every index present, possibly empty). A pid
+        is the driver's: in a container it may be one of another pid namespace."""
 
     @abc.abstractmethod
     def sample(self) -> list[GPUSample]:

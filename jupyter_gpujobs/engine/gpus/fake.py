@@ -41,6 +41,15 @@ What a fake GPU reports:
   gpualloc does, is seen with it.
 - temperature and power: plausible functions of utilization.
 
+What real drivers do, said in the spec's brackets (`model.parse_fake_gpus`), so tests meet it:
+
+- `reserved:616M`: memory the driver keeps for itself, as on an idle H200 (driver 580). The
+  driver's v1 "used" counts it, its v2 "used" does not; both go through the same arithmetic as
+  NVML's (memory.py), so `memory_used_mb` is what processes use and `memory_reserved_mb` the rest.
+- `nvml:v1`: a driver without the v2 memory info: memory used is v1's less the idle baseline.
+- `pidns:other`: `processes()` gives pids of another pid namespace, as NVML does for a
+  containerized engine (each pid + PIDNS_OFFSET, which is no pid here).
+
 Device nodes: given a `device_dir` (a root engine gives `/dev/gpujobs-fake/<fleet>`, where
 every job's user can open them, and removes them when it stops), the backend makes a real
 character device per fake card there, `nvidia<card>` with the NVIDIA major (195) and no driver
@@ -65,6 +74,7 @@ from dataclasses import dataclass, field
 
 from ...model import GPU, FakeGPUSpec, mig_profile_memory_mb
 from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
+from .memory import MemoryReading, MemorySplitter
 
 #: Memory a process on a fake GPU holds when it does not declare GPUJOBS_FAKE_MEM_MB.
 DEFAULT_PROCESS_MEM_MB = 500
@@ -78,6 +88,8 @@ _RECHECK_S = 30.0  # re-verify the start time of cached non-GPU pids this often 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _LINUX = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 NVIDIA_MAJOR = 195  # the character device major of /dev/nvidiaN
+#: Added to a pid under `pidns:other`: above the largest pid_max (2**22), so no process here has it.
+PIDNS_OFFSET = 1 << 22
 
 
 def fake_uuid(index: int, model: str, fleet: str | None = None) -> str:
@@ -102,6 +114,9 @@ class _FakeGPU:
     model: str
     memory_mb: int
     card: int  # the physical card it is (or is a MIG instance of)
+    reserved_mb: int = 0  # what the driver keeps for itself (NVML v1 "used" counts it)
+    nvml_v2: bool = True  # the driver has NVML's v2 memory info
+    other_pidns: bool = False  # processes are reported with pids of another pid namespace
 
 
 @dataclass
@@ -200,19 +215,21 @@ class FakeBackend(GPUBackend):
         for spec in specs:
             base = re.sub(r"-\d+GB$", "", spec.model, flags=re.IGNORECASE)
             for _ in range(spec.count):
+                driver = {"nvml_v2": spec.nvml_v2, "other_pidns": spec.other_pidns}
                 if not spec.mig:
                     index = len(self._gpus)
                     self._gpus.append(_FakeGPU(index, fake_uuid(index, spec.model, fleet), spec.model,
-                                               spec.memory_mb, card))
+                                               spec.memory_mb, card, spec.reserved_mb, **driver))
                 for k, profile in enumerate(spec.mig):
                     self._gpus.append(_FakeGPU(len(self._gpus), fake_mig_uuid(card, k, profile, fleet),
-                                               f"{base} {profile}", mig_profile_memory_mb(profile), card))
+                                               f"{base} {profile}", mig_profile_memory_mb(profile), card, **driver))
                 card += 1
         self._cards = card
         self._uuid_index = {g.uuid: g.index for g in self._gpus}
         self._procs: dict[int, _ProcInfo] = {}
         self._scan: _Scan | None = None
         self._nodes = self._make_nodes(device_dir) if device_dir else {}
+        self.splitter = MemorySplitter()
 
     def _make_nodes(self, device_dir: str) -> dict[int, str]:
         """Character devices (major 195, minor = index) for the fake GPUs; none without root."""
@@ -221,6 +238,8 @@ class FakeBackend(GPUBackend):
         nodes = {}
         try:
             os.makedirs(device_dir, mode=0o755, exist_ok=True)
+            for folder in (os.path.dirname(device_dir), device_dir):
+                os.chmod(folder, 0o755)  # every job's user opens its nodes (a shared engine's umask is 077)
             for index in range(self._cards):
                 path = os.path.join(device_dir, f"nvidia{index}")
                 want = os.makedev(NVIDIA_MAJOR, index)
@@ -262,15 +281,16 @@ class FakeBackend(GPUBackend):
         out = []
         for g in self._gpus:
             procs = scan.by_gpu.get(g.index, [])
+            used, reserved = self._memory(g, procs)
             out.append(GPU(index=g.index, uuid=g.uuid, name=g.model, host=self.host, memory_total_mb=g.memory_mb,
-                           memory_used_mb=self._memory(procs, g.memory_mb),
-                           utilization=self._utilization(procs)))
+                           memory_used_mb=used, memory_reserved_mb=reserved, utilization=self._utilization(procs)))
         return out
 
     def processes(self) -> dict[int, list[GPUProcess]]:
         scan = self._current()
-        return {g.index: [GPUProcess(pid, info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB)
-                        for pid, info in scan.by_gpu.get(g.index, [])]
+        return {g.index: [GPUProcess(pid + (PIDNS_OFFSET if g.other_pidns else 0),
+                                     info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB)
+                          for pid, info in scan.by_gpu.get(g.index, [])]
                 for g in self._gpus}
 
     def sample(self) -> list[GPUSample]:
@@ -281,9 +301,10 @@ class FakeBackend(GPUBackend):
             procs = scan.by_gpu.get(g.index, [])
             util = self._utilization(procs)
             tdp = next((w for prefix, w in _TDP_W.items() if g.model.upper().startswith(prefix)), 250)
+            used, reserved = self._memory(g, procs)
             out.append(GPUSample(
                 index=g.index, uuid=g.uuid, time=now, utilization=util,
-                memory_used_mb=self._memory(procs, g.memory_mb), memory_total_mb=g.memory_mb,
+                memory_used_mb=used, memory_total_mb=g.memory_mb, memory_reserved_mb=reserved,
                 temperature_c=round(32.0 + 0.5 * util, 1),
                 power_w=round(tdp * (0.15 + 0.85 * util / 100.0), 1),
                 ecc_errors=0, xid=None, healthy=True, processes=len(procs),
@@ -299,10 +320,14 @@ class FakeBackend(GPUBackend):
             total += info.util if info.util is not None else info.cpu_percent
         return round(max(0.0, min(100.0, total)), 1)
 
-    @staticmethod
-    def _memory(procs: list[tuple[int, _ProcInfo]], total_mb: int) -> int:
-        used = sum(info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB for _, info in procs)
-        return max(0, min(total_mb, used))
+    def _memory(self, g: _FakeGPU, procs: list[tuple[int, _ProcInfo]]) -> tuple[int, int]:
+        """(used by processes, reserved) MiB, read as NVML would be: the driver's v1 "used"
+        counts the reservation, its v2 "used" does not (memory.py)."""
+        held = sum(info.mem_mb if info.mem_mb is not None else DEFAULT_PROCESS_MEM_MB for _, info in procs)
+        held = max(0, min(g.memory_mb - g.reserved_mb, held))
+        reading = MemoryReading(g.memory_mb, held + g.reserved_mb, held if g.nvml_v2 else None,
+                                g.reserved_mb if g.nvml_v2 else None)
+        return self.splitter.split(g.index, reading, len(procs))
 
     # ---------------------------------------------------------------- scanning
 

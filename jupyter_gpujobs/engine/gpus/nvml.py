@@ -13,6 +13,12 @@ memory and processes, and an index after the whole GPUs' (whole GPUs keep their 
 which CUDA_VISIBLE_DEVICES uses with CUDA_DEVICE_ORDER=PCI_BUS_ID). Temperature, power, ECC
 errors and the device node of an instance are its card's. The partitioning is read when the
 backend opens (restart the engine after changing it); the engine never changes MIG settings.
+
+Memory: used means used by processes (memory.py). NVML's v2 memory info
+(`nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)`, used without the driver's reserved
+memory) where the driver and nvidia-ml-py have it, else v1 less a per-GPU idle baseline; a
+device whose v2 query is not supported (an older driver or nvidia-ml-py, a MIG instance) is
+read with v1 from then on.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from ...model import GPU
 from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
+from .memory import MemoryReading, MemorySplitter
 
 _MB = 1024 * 1024
 
@@ -71,6 +78,8 @@ class NVMLBackend(GPUBackend):
         self._card_handles: dict[int, Any] = {}  # NVML index -> handle of the card
         self._card_uuids: dict[str, list[int]] = {}  # card UUID -> engine indices on it (Xid events)
         self.mig_cards: dict[int, int] = {}  # NVML index of a card in MIG mode -> its instances
+        self._v2: dict[int, bool] = {}  # engine index -> False once its v2 memory info is known missing
+        self.splitter = MemorySplitter()
         count = nvml.nvmlDeviceGetCount()
         devices: list[_Device] = []
         next_mig = count
@@ -168,17 +177,46 @@ class NVMLBackend(GPUBackend):
                 self.log.debug("gpujobs: NVML could not read %s of GPU %d: %s", what, index, err)
             return None
 
-    def _memory(self, index: int) -> tuple[int | None, int | None, bool]:
-        """(total MB, used MB, healthy)."""
+    def _read_memory(self, index: int) -> MemoryReading:
+        """The driver's memory reading of a device: v2 where it has it, else v1. Raises what
+        NVML raises for v1."""
+        nvml, handle = self.nvml, self._handles[index]
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None and self._v2.get(index, True):
+            try:
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                used, reserved = int(mem.used // _MB), int(mem.reserved // _MB)
+                return MemoryReading(int(mem.total // _MB), used + reserved, used, reserved)
+            except TypeError:  # nvidia-ml-py older than the version argument
+                self._v2[index] = False
+            except Exception as err:
+                missing = tuple(getattr(nvml, name) for name in (
+                    "NVMLError_FunctionNotFound", "NVMLError_NotSupported", "NVMLError_ArgumentVersionMismatch")
+                    if isinstance(getattr(nvml, name, None), type))
+                if isinstance(err, missing):
+                    self._v2[index] = False  # a driver without v2 (or a MIG instance): v1 from now on
+                    self.log.info("gpujobs: GPU %d: no NVML v2 memory info (%s); memory used is v1's less "
+                                  "the idle baseline", index, err)
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return MemoryReading(int(mem.total // _MB), int(mem.used // _MB))
+
+    def _memory(self, index: int, listed: list[GPUProcess] | None | bool = False
+                ) -> tuple[int | None, int | None, int | None, bool]:
+        """(total MB, used by processes MB, reserved MB, healthy). `listed`: the processes NVML
+        lists on it (None: it cannot); False: list them here if the reading needs them (v1)."""
         try:
-            mem = self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index])
-            return int(mem.total // _MB), int(mem.used // _MB), True
+            reading = self._read_memory(index)
         except Exception as err:
             lost = isinstance(err, getattr(self.nvml, "NVMLError_GpuIsLost", ())) or "lost" in str(err).lower()
             if (index, "memory") not in self._warned:
                 self._warned.add((index, "memory"))
                 self.log.warning("gpujobs: NVML could not read memory of GPU %d: %s", index, err)
-            return None, None, not lost
+            return None, None, None, not lost
+        if listed is False:
+            listed = self._list_processes(index) if reading.used_v2_mb is None else None
+        count = len(listed) if isinstance(listed, list) else None
+        used, reserved = self.splitter.split(index, reading, count)
+        return reading.total_mb, used, reserved, True
 
     def _utilization(self, index: int) -> float | None:
         rates = self._call(index, "utilization", self.nvml.nvmlDeviceGetUtilizationRates, self._handles[index])
@@ -219,40 +257,47 @@ class NVMLBackend(GPUBackend):
     def inventory(self) -> list[GPU]:
         out = []
         for index, uuid, name in self._static:
-            total, used, healthy = self._memory(index)
+            total, used, reserved, healthy = self._memory(index)
             util = self._utilization(index)
             out.append(GPU(index=index, uuid=uuid, name=name, host=self.host,
-                           memory_total_mb=total or 0, memory_used_mb=used or 0,
+                           memory_total_mb=total or 0, memory_used_mb=used or 0, memory_reserved_mb=reserved or 0,
                            utilization=util if util is not None else 0.0, healthy=healthy))
         return out
 
+    def _list_processes(self, index: int) -> list[GPUProcess] | None:
+        """The compute and graphics processes NVML lists on a device; None when it can list
+        neither."""
+        seen: dict[int, GPUProcess] = {}
+        answered = False
+        for what in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            fn = getattr(self.nvml, what, None)
+            if fn is None:
+                continue
+            found = self._call(index, what, fn, self._handles[index])
+            if found is None:
+                continue
+            answered = True
+            for p in found:
+                used = getattr(p, "usedGpuMemory", None)
+                if not isinstance(used, int) or used < 0 or used >= 2**63:
+                    used_mb = None  # NVML_VALUE_NOT_AVAILABLE (e.g. in containers)
+                else:
+                    used_mb = int(used // _MB)
+                seen.setdefault(int(p.pid), GPUProcess(int(p.pid), used_mb))
+        return list(seen.values()) if answered else None
+
     def processes(self) -> dict[int, list[GPUProcess]]:
-        out: dict[int, list[GPUProcess]] = {}
-        for index, _, _ in self._static:
-            seen: dict[int, GPUProcess] = {}
-            for what in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                fn = getattr(self.nvml, what, None)
-                if fn is None:
-                    continue
-                for p in self._call(index, what, fn, self._handles[index]) or []:
-                    used = getattr(p, "usedGpuMemory", None)
-                    if not isinstance(used, int) or used < 0 or used >= 2**63:
-                        used_mb = None  # NVML_VALUE_NOT_AVAILABLE (e.g. in containers)
-                    else:
-                        used_mb = int(used // _MB)
-                    seen.setdefault(int(p.pid), GPUProcess(int(p.pid), used_mb))
-            out[index] = list(seen.values())
-        return out
+        return {index: self._list_processes(index) or [] for index, _, _ in self._static}
 
     def sample(self) -> list[GPUSample]:
         nvml = self.nvml
         self._poll_xids()
         now = time.time()
-        procs = self.processes()
+        procs = {index: self._list_processes(index) for index, _, _ in self._static}
         out = []
         for index, uuid, _ in self._static:
             handle = self._card_handles[self._card_of[index]]  # a MIG instance reads its card's
-            total, used, healthy = self._memory(index)
+            total, used, reserved, healthy = self._memory(index, procs[index])
             temp = self._call(index, "temperature", nvml.nvmlDeviceGetTemperature, handle,
                               nvml.NVML_TEMPERATURE_GPU)
             power = self._call(index, "power", nvml.nvmlDeviceGetPowerUsage, handle)
@@ -260,12 +305,12 @@ class NVMLBackend(GPUBackend):
                              nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
             out.append(GPUSample(
                 index=index, uuid=uuid, time=now, utilization=self._utilization(index),
-                memory_used_mb=used, memory_total_mb=total,
+                memory_used_mb=used, memory_total_mb=total, memory_reserved_mb=reserved,
                 temperature_c=float(temp) if temp is not None else None,
                 power_w=round(power / 1000.0, 1) if power is not None else None,
                 ecc_errors=int(ecc) if ecc is not None else None,
                 xid=self._last_xid.get(index), healthy=healthy,
-                processes=len(procs.get(index, [])),
+                processes=len(procs[index] or []),
             ))
         return out
 

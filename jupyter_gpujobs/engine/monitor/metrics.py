@@ -79,6 +79,8 @@ class EngineCollector:
             "util": GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=GPU_LABELS),
             "used": GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=GPU_LABELS),
             "free": GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=GPU_LABELS),
+            "reserved": GaugeMetricFamily("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory the driver reserves "
+                                          "(in MiB), not counted as used.", labels=GPU_LABELS),
             "temp": GaugeMetricFamily("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", labels=GPU_LABELS),
             "power": GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=GPU_LABELS),
             "ecc": GaugeMetricFamily("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
@@ -99,7 +101,10 @@ class EngineCollector:
             if s.memory_used_mb is not None:
                 fams["used"].add_metric(labels, s.memory_used_mb)
                 if s.memory_total_mb is not None:
-                    fams["free"].add_metric(labels, max(0, s.memory_total_mb - s.memory_used_mb))
+                    free = s.memory_total_mb - s.memory_used_mb - (s.memory_reserved_mb or 0)
+                    fams["free"].add_metric(labels, max(0, free))
+            if s.memory_reserved_mb is not None:
+                fams["reserved"].add_metric(labels, s.memory_reserved_mb)
             if s.temperature_c is not None:
                 fams["temp"].add_metric(labels, s.temperature_c)
             if s.power_w is not None:
