@@ -100,6 +100,7 @@ def check_gpus(ctx: Context) -> list[Check]:
         rows.append(Check("GPUs", OK, f"{len(gpus)} fake GPUs ({what}): scheduled like real ones, for demos and tests"))
     else:
         rows.append(Check("GPUs", OK, f"{len(gpus)} GPUs via {backend} ({what})"))
+    rows.extend(foreign_rows(gpus))
     draining = [str(g["index"]) for g in gpus if g.get("draining")]
     if draining:
         rows.append(Check("GPUs", WARN, f"draining: GPU {', '.join(draining)}",
@@ -125,6 +126,26 @@ def check_gpus(ctx: Context) -> list[Check]:
                           "engine's PATH, or set c.GPUJobs.mps = False"))
     elif sharing:
         rows.append(Check("GPU shares", OK, str(sharing)))
+    return rows
+
+
+def foreign_rows(gpus: list[dict[str, Any]]) -> list[Check]:
+    """A GPU the engine takes as in use outside the queue: by what (which process, how much, or
+    memory it cannot attribute) and what to do; the driver's reserved memory never counts."""
+    rows = []
+    for g in gpus:
+        if not g.get("foreign"):
+            continue
+        where = f"GPU {g['index']}" + (f" on {g['host']}" if g.get("host") not in (None, "localhost") else "")
+        reserved = g.get("memory_reserved_mb")
+        also = f"; the driver's {reserved} MiB reserved are not counted" if reserved else ""
+        if g.get("foreign_override"):
+            rows.append(Check("GPU in use", OK, f"{where} is {g['foreign']}, handed out all the same "
+                                                f"({g['foreign_override']})"))
+            continue
+        rows.append(Check("GPU in use", WARN, f"{where} is {g['foreign']}: no job starts there{also}",
+                          g.get("foreign_todo") or f"stop that process, or an admin overrides: "
+                                                   f"jupyter gpujobs gpus --override {g['index']}"))
     return rows
 
 

@@ -33,12 +33,21 @@ export interface IGPU {
   name: string;
   host: string;
   memory_total_mb: number;
+  /** Memory used by processes: never the driver's own reservation. */
   memory_used_mb: number;
+  /** Memory the driver keeps for itself (nvidia-smi's memory.reserved), shown apart. */
+  memory_reserved_mb?: number;
   utilization: number;
   healthy?: boolean;
   draining?: boolean;
   job_id: number | null;
   user: string | null;
+  /** In use outside the queue (busy for the queue): by what, e.g. "in use outside the queue (2.1 GiB held by pid 4242, python, user bob)". */
+  foreign?: string | null;
+  /** What to do about that use. */
+  foreign_todo?: string | null;
+  /** The admin who let the queue hand it out all the same. */
+  foreign_override?: string | null;
   /** Who holds how much of it: each running job on it; several on a shared GPU. */
   holders?: IGPUHolder[];
 }

@@ -707,6 +707,7 @@ function Tiles(props: { model: DashboardModel }): React.ReactElement {
   const busy = gpus.filter(g => g.job_id !== null).length;
   const util = gpus.length ? gpus.reduce((s, g) => s + (g.utilization || 0), 0) / gpus.length : 0;
   const used = gpus.reduce((s, g) => s + g.memory_used_mb, 0);
+  const reserved = gpus.reduce((s, g) => s + (g.memory_reserved_mb ?? 0), 0);
   const total = gpus.reduce((s, g) => s + g.memory_total_mb, 0);
   const draining = gpus.filter(g => g.draining || g.healthy === false).length;
   const findings = props.model.findings;
@@ -717,7 +718,9 @@ function Tiles(props: { model: DashboardModel }): React.ReactElement {
         note={draining ? `${draining} draining or unhealthy` : 'all healthy'} />
       <Tile name="util" label="Utilization now" value={`${Math.round(util)}%`} fraction={util / 100} note="mean of all GPUs" />
       <Tile name="memory" label="Memory in use" value={`${formatGiB(used)} of ${formatGiB(total)} GiB`}
-        fraction={total ? used / total : 0} note={`${gpus.length} GPU${gpus.length === 1 ? '' : 's'}`} />
+        fraction={total ? used / total : 0}
+        note={`${gpus.length} GPU${gpus.length === 1 ? '' : 's'}` +
+          (reserved ? `; ${formatGiB(reserved)} GiB reserved by the driver, not counted` : '')} />
       <Tile name="queue" label="Waiting" value={`${jobs.queueTotal} job${jobs.queueTotal === 1 ? '' : 's'}`}
         note={jobs.queueTotal ? `first starts ${startText(jobs)}` : 'nobody is waiting'} />
       <Tile name="findings" label="Open findings" value={String(findings.length)}

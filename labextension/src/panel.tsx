@@ -245,6 +245,8 @@ function GPUCard(props: {
   const shared = holders.some(h => h.share !== null && h.share !== undefined);
   const util = Math.max(0, Math.min(100, g.utilization || 0));
   const memFraction = g.memory_total_mb ? g.memory_used_mb / g.memory_total_mb : 0;
+  const reserved = g.memory_reserved_mb ?? 0;
+  const foreign = g.job_id === null && g.foreign && !g.foreign_override ? g.foreign : null;
   const unhealthy = g.healthy === false;
   const classes = ['jp-GPUJobs-gpu'];
   if (g.job_id !== null) {
@@ -267,7 +269,10 @@ function GPUCard(props: {
         </div>
         <div
           className="jp-GPUJobs-bar jp-GPUJobs-memBar"
-          title={`memory: ${g.memory_used_mb} of ${g.memory_total_mb} MiB`}
+          title={
+            `memory: ${g.memory_used_mb} of ${g.memory_total_mb} MiB used by processes` +
+            (reserved ? `; ${reserved} MiB reserved by the driver` : '')
+          }
         >
           <div
             className={`jp-GPUJobs-barFill ${memFraction >= 0.9 ? 'jp-mod-mid' : ''}`}
@@ -276,6 +281,12 @@ function GPUCard(props: {
         </div>
         <div className="jp-GPUJobs-gpuMem">
           {formatGiB(g.memory_used_mb)} / {formatGiB(g.memory_total_mb)} GiB
+          {reserved > 0 && (
+            <span className="jp-GPUJobs-gpuReserved" title="kept by the driver for itself, not used by any process">
+              {' '}
+              · {formatGiB(reserved)} GiB reserved
+            </span>
+          )}
         </div>
         <div className="jp-GPUJobs-holder">
           {unhealthy ? (
@@ -291,10 +302,20 @@ function GPUCard(props: {
             <span className="jp-GPUJobs-holderJob" title={`held by job #${g.job_id} of ${g.user}`}>
               job #{g.job_id} · {props.mine ? 'you' : g.user}
             </span>
+          ) : foreign ? (
+            <span className="jp-GPUJobs-tag jp-mod-warn" title={foreign}>
+              outside the queue
+            </span>
           ) : (
             <span className="jp-GPUJobs-tag jp-mod-free">free</span>
           )}
         </div>
+        {foreign && (
+          <div className="jp-GPUJobs-foreign" title={g.foreign_todo ?? ''}>
+            {foreign}
+            {g.foreign_todo && <div className="jp-GPUJobs-foreignTodo">→ {g.foreign_todo}</div>}
+          </div>
+        )}
         {shared && <Shares gpu={g} me={props.me} />}
       </div>
     </div>
