@@ -22,8 +22,10 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -219,6 +221,7 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+    from traitlets.config import Config
 
     nb = nbformat.read(str(input_path), as_version=4)
     inject_parameters(nb, parameters or {})
@@ -261,7 +264,12 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
                 stream.flush()
             return super().output(outs, msg, display_id, cell_index)
 
-    client = _Client(nb, kernel_name=kernel_name, timeout=None, startup_timeout=120,
+    # The kernel talks to this process over Unix sockets in a folder of the job's owner (0700):
+    # over TCP on localhost any user of the machine could subscribe to its outputs, and ipykernel
+    # starts every log with a warning saying so.
+    sockets = tempfile.mkdtemp(prefix="gpujobs-kernel-")
+    ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+    client = _Client(nb, kernel_name=kernel_name, timeout=None, startup_timeout=120, config=ipc,
                      resources={"metadata": {"path": str(input_path.parent)}},
                      on_cell_execute=on_cell_execute, on_cell_executed=on_cell_executed)
     print(f"running {input_path} with kernel {kernel_name} on GPUs "
@@ -302,6 +310,7 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
             status = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        shutil.rmtree(sockets, ignore_errors=True)
         meta["ended_at"] = time.time()
         save()
     return status
