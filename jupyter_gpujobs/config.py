@@ -263,7 +263,9 @@ class GPUJobs(Configurable):
                              "shared engine and a server with named users, off for a personal server.")
     claim_dir = Unicode("/run/lock/jupyter-gpujobs", config=True,
                         help="Machine-wide directory of the GPU claims: an engine locks its GPUs there so no "
-                             "other engine on the machine hands them out.")
+                             "other engine on the machine hands them out. A root engine keeps it root's (0755, "
+                             "lock files 0600) so no user can take, spoof or block a claim; an engine that is "
+                             "not root claims in its own user's folder (this one if it is theirs).")
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")
@@ -312,6 +314,24 @@ class GPUJobs(Configurable):
                help="Run an NVIDIA MPS control daemon per shared GPU and give each share job its pinned "
                     "memory limit and active thread percentage, so the driver enforces them. Needs "
                     "nvidia-cuda-mps-control; without it the engine says so and its watcher alone enforces shares.")
+    job_environment = Enum(["auto", "inherit", "clean"], default_value="auto", config=True,
+                           help="What a job gets of the engine's own environment: 'clean' (PATH, LANG, LC_*, TZ "
+                                "and the names in job_env_allow, then the job's own variables: never a credential "
+                                "of the engine's); 'inherit' (all of it, for jobs run as the engine's own user); "
+                                "'auto': inherit in a personal server's engine (the user's own session), clean "
+                                "in the shared engine and for every job run as another user.")
+    job_env_allow = List(Unicode(), config=True,
+                         help="More names (shell patterns: 'CUDA_*') of the engine's environment a clean job "
+                              "environment keeps, e.g. ['http_proxy', 'https_proxy', 'LD_LIBRARY_PATH'].")
+    private_tmp = Enum(["auto", "off"], default_value="auto", config=True,
+                       help="Give each job a private /tmp (a folder of its run directory, removed at its end) and "
+                            "/dev/shm (a tmpfs of its own) in a mount namespace: 'auto' where the host allows "
+                            "one (the engine runs as root); the start line, `jupyter gpujobs gpus` and doctor "
+                            "say whether it is in force. A job whose working directory is under /tmp keeps the "
+                            "machine's /tmp.")
+    log_max_bytes = Integer(1 << 30, config=True,
+                            help="Largest log of a job, in bytes (0: no cap; at least 65536): past it the first "
+                                 "half and the newest output are kept, with a line saying how much was cut.")
     mps_pipe_dir = Unicode("", config=True,
                            help="Folder of the MPS daemons' pipe directories (one per shared GPU). Empty: "
                                 "/run/jupyter-gpujobs/mps for a root engine, else mps/pipe in the state dir.")

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from .runners import make_runner
 from .runners.mps import MPSControl
 from .service import JobService
 from .shares import Shares
-from .store import Store, default_url
+from .store import Store, default_url, private_sqlite_files
 
 if TYPE_CHECKING:
     from .monitor import Monitor
@@ -43,11 +44,18 @@ DEFAULT_STATE_DIR = "/var/lib/jupyter-gpujobs"
 
 def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir: Path,
                  job_env: dict[str, str], admin_users: set[str], private_data: bool,
-                 admin_group: str | None = None) -> tuple[JobService, Monitor]:
+                 admin_group: str | None = None, shared: bool = False) -> tuple[JobService, Monitor]:
     """(JobService, Monitor) for one engine. `job_env` gets what jobs need to find it
-    (and, on fake GPUs, the fleet name)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    (and, on fake GPUs, the fleet name). `shared`: the machine's shared engine (its jobs never
+    get its environment); else a Jupyter server's own (a personal session)."""
+    for repaired in private_state_dir(data_dir):
+        log.warning("gpujobs: %s was readable by other users (it holds every job's command, environment "
+                    "and log): made private to the engine's user", repaired)
     store = Store(cfg.db_url or default_url(data_dir))
+    if store.sqlite_file is not None:
+        for repaired in private_sqlite_files(store.sqlite_file):
+            log.warning("gpujobs: the database %s was readable by other users: made private (0600) to the "
+                        "engine's user", repaired)
     store.migrate()
     # fake GPUs of this engine (named after its data dir, so the same across restarts)
     fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
@@ -55,6 +63,10 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         runner = make_runner(cfg.runner, data_dir / "run", parent=cfg)
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    # a job's environment: an allow-list of the engine's, never its credentials, except for a
+    # personal server's job run as that server's user (its own session: runners/shim.py)
+    runner.inherit_environment = cfg.job_environment == "inherit" or (cfg.job_environment == "auto" and not shared)
+    runner.env_allow = tuple(cfg.job_env_allow)
     claim = None
     if runner.schedules_itself:
         from .runners.slurm import SlurmGPUs, ignored_settings
@@ -90,7 +102,9 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         store, backend, runner, cfg.policy(),
         state_dir=data_dir,
         root_dir=root_dir,
-        job_env=job_env,
+        # never the server's token: it acts as the server's user in every Jupyter API. A job of
+        # that user has it from the session it inherits; a job run as anyone else gets none
+        job_env={k: v for k, v in job_env.items() if k != "GPUJOBS_TOKEN"},
         admin_users=admin_users,
         admin_group=admin_group,
         private_data=private_data,
@@ -118,6 +132,33 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     return service, monitor
 
 
+def private_state_dir(data_dir: Path) -> list[str]:
+    """Make the engine's state dir (database, logs, run directories) and what the engine keeps
+    directly in it private to the engine's user: the dir 0700, its files 0600. Made so when
+    new; an existing one with group or other bits is repaired. Returns what was repaired
+    ("path (was 0755)"), for the log."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    repaired = []
+    st = data_dir.stat()
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(data_dir, 0o700)
+        repaired.append(f"the state dir {data_dir} (was {stat.S_IMODE(st.st_mode):04o})")
+    with os.scandir(data_dir) as entries:
+        for entry in entries:
+            try:
+                est = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = stat.S_IMODE(est.st_mode)
+            if est.st_uid != os.geteuid() or not mode & 0o077:
+                continue
+            if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode):
+                private = 0o700 if stat.S_ISDIR(est.st_mode) else 0o600
+                os.chmod(entry.path, private, follow_symlinks=False)
+                repaired.append(f"{entry.path} (was {mode:04o})")
+    return repaired
+
+
 def engine_settings(service: JobService, monitor: Monitor, identity: str, unix_user: str,
                     max_body: int) -> dict[str, Any]:
     """The tornado settings the gpujobs handlers read."""
@@ -137,6 +178,8 @@ def describe(service: JobService) -> str:
     claim = service.gpu_claim
     owner = ("claimed" if claim is None or claim.held
              else f"NOT claimed: {claim.refusal()}")
+    if claim is not None and claim.scope != "machine-wide":
+        owner += f" ({claim.scope})"
     return (f"{len(gpus)} GPU(s) via {service.gpus.name} ({models}), {owner}; "
             f"store {service.store.engine.url.render_as_string(hide_password=True).split('?')[0]}; "
             f"isolation: {service.isolation}; {service.shares.describe(gpus)}")
@@ -239,13 +282,15 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
         if os.geteuid() == 0:
             os.chown(sock_dir, 0, 0)
             os.chmod(sock_dir, 0o755)  # only root may replace the socket
-        os.umask(0o022)
+        # what the engine writes is root's alone (database, logs, run directories); the few
+        # things users must reach (socket, its folder, device nodes) get their modes explicitly
+        os.umask(0o077)
         job_env = {"GPUJOBS_URL": "unix://" + path}  # jobs reach the engine as their own uid: no token
         private = True if cfg.private_data is None else cfg.private_data
         service, monitor = build_engine(
             cfg, self.log, data_dir=Path(cfg.state_dir or DEFAULT_STATE_DIR), root_dir=Path("/"),
             job_env=job_env, admin_users={"root"} | set(cfg.admin_users), private_data=private,
-            admin_group=cfg.admin_group or None)
+            admin_group=cfg.admin_group or None, shared=True)
         settings = engine_settings(service, monitor, "jupyter", "root", cfg.max_body_bytes)
         app = tornado.web.Application(
             HANDLERS + MONITOR_HANDLERS,  # type: ignore[arg-type]

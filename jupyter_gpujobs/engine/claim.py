@@ -1,11 +1,20 @@
 """The machine-wide claim of GPUs: no GPU is ever handed out by two engines on one machine.
 
-An engine holds an exclusive `flock` on one file per GPU UUID in a machine-wide directory
+An engine holds an exclusive `flock` on one file per GPU UUID in a claim directory
 (`c.GPUJobs.claim_dir`, default `/run/lock/jupyter-gpujobs`). The kernel drops the locks when
 the process dies, however it dies, so a crashed engine never leaves its GPUs claimed. An
 engine that finds any of its GPUs locked holds none of them and allocates nothing; the lock
 file says who holds it (pid, user, data dir), which the second engine reports, and it tries
 again every scheduling cycle, so it takes over once the first engine is gone.
+
+No other user may take, spoof or block a root engine's claim: a flock needs only an open
+file, so the directory is root's (0755, not writable by others) and every lock file root's
+and 0600. A directory or file left by an older version or planted by a user (any owner but
+root, or open to others) is taken over at start: the directory chowned and chmodded, such
+files removed and made anew (an fd someone kept open then locks a file nobody uses).
+An engine that is not root cannot make such a directory: it claims in its own user's
+directory (`claim_dir` when that is the user's own, else under the user's Jupyter runtime
+dir), which keeps this user's engines apart but not other users' (`GPUClaim.scope` says so).
 
 Fake GPUs have UUIDs derived from their fleet name (the engine's data dir), so two engines on
 the same fake GPUs collide exactly as two engines on the same real ones do.
@@ -19,11 +28,32 @@ import getpass
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 DEFAULT_CLAIM_DIR = "/run/lock/jupyter-gpujobs"
+
+#: GPUClaim.scope of an engine that is not root
+PER_USER_SCOPE = ("this user's engines only: the engine is not root, so it cannot keep another user's "
+                  "engine from these GPUs (run the shared engine as root for that)")
+
+
+def claim_directory(configured: str | Path) -> Path:
+    """Where this process claims: `configured` for root; for another user, `configured` when
+    it is that user's own folder, else their own folder under the Jupyter runtime dir."""
+    path = Path(configured)
+    if os.geteuid() == 0:
+        return path
+    try:
+        if path.lstat().st_uid == os.geteuid() and stat.S_ISDIR(path.lstat().st_mode):
+            return path
+    except OSError:
+        pass
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir()) / "gpujobs-claims"
 
 
 class GPUClaim:
@@ -31,7 +61,9 @@ class GPUClaim:
 
     def __init__(self, uuids: Iterable[str], directory: str | Path, holder: dict[str, Any]):
         self.uuids = sorted(set(uuids))
-        self.directory = Path(directory)
+        self.directory = claim_directory(directory)
+        #: whom the claim keeps from these GPUs, in words
+        self.scope = "machine-wide" if os.geteuid() == 0 else PER_USER_SCOPE
         self.holder = {"pid": os.getpid(), "user": getpass.getuser(), **holder}
         self._fds: list[int] = []
         self.other: dict[str, Any] | None = None  # who holds the GPUs when we do not
@@ -80,29 +112,53 @@ class GPUClaim:
         self._fds = []
 
     def _make_directory(self) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if self.directory.stat().st_uid == os.geteuid():
-                os.chmod(self.directory, 0o1777)  # every user's engine claims here; none removes another's
-        except PermissionError:
-            pass  # made by another user: the files in it are what counts
+        """Make the claim directory, or take over one that is not safe (see the module's text)."""
+        if os.geteuid() != 0:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return
+        take_over_directory(self.directory)
+
+
+def take_over_directory(directory: Path) -> None:
+    """As root: `directory` a real folder of root's, mode 0755, holding only root's 0600 lock
+    files (anything else in it removed: a user could otherwise open, lock or rewrite it)."""
+    try:
+        st = directory.lstat()
+        if not stat.S_ISDIR(st.st_mode):
+            directory.unlink()  # a link or file planted where the folder goes
+            raise FileNotFoundError(str(directory))
+    except FileNotFoundError:
+        directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        directory.mkdir(mode=0o755)
+        st = directory.lstat()
+    if st.st_uid != 0 or st.st_gid != 0:
+        os.chown(directory, 0, 0, follow_symlinks=False)
+    if stat.S_IMODE(st.st_mode) != 0o755:
+        os.chmod(directory, 0o755)
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            est = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(est.st_mode) and est.st_uid == 0 and not stat.S_IMODE(est.st_mode) & 0o077:
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                import shutil
+
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
 
 
 def _open_lock(path: Path) -> int:
-    """Open (or create, world-writable so any user's engine can record itself as the holder) a
-    lock file. An existing file is opened without O_CREAT: in a sticky directory the kernel
-    refuses O_CREAT on another user's file (fs.protected_regular)."""
+    """Open (or create, private to this engine's user) a lock file, never through a link."""
     for _ in range(3):
         try:
             return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             pass
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except FileExistsError:
             continue
-        os.fchmod(fd, 0o666)
-        return fd
     return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 

@@ -70,7 +70,9 @@ def make_local_runner(state_dir: Path, parent: Any = None) -> Any:
     per `c.GPUJobs.cgroups` when `parent` is the GPUJobs settings)."""
     from .local import LocalRunner
 
-    return LocalRunner(state_dir, cgroups_mode=getattr(parent, "cgroups", "auto"))
+    return LocalRunner(state_dir, cgroups_mode=getattr(parent, "cgroups", "auto"),
+                       private_tmp=getattr(parent, "private_tmp", "auto"),
+                       log_max_bytes=getattr(parent, "log_max_bytes", 1 << 30))
 
 
 def __getattr__(name: str) -> Any:

@@ -71,6 +71,12 @@ class Runner(abc.ABC):
     #: Whether the runner's own scheduler decides (Slurm): the engine then mirrors it
     #: (engine/mirror.py) instead of running its cycle.
     schedules_itself = False
+    #: Whether a job run as the engine's own user gets the engine's whole environment (a
+    #: personal server's engine: the user's own session); otherwise, and always for a job run
+    #: as another user, only the allow-listed names (shim.ENV_ALLOWED and `env_allow`).
+    inherit_environment = False
+    #: More names (shell patterns) of the engine's environment every job keeps (c.GPUJobs.job_env_allow).
+    env_allow: tuple[str, ...] = ()
     #: Set by the service: called on the event loop when a run may just have ended, so that
     #: it polls now rather than at its next poll (a runner that cannot tell leaves it unused).
     on_exit: Callable[[], None] | None = None

@@ -55,6 +55,7 @@ class Isolation:
         self.v2_controllers = v2_controllers  # controllers enabled for jobs in v2 (memory, cpu)
         self.why_not = why_not  # why cgroups are not used, when they are not
         self.bpf = bpf  # the device fence is a BPF program on the v2 cgroup (no v1 devices controller)
+        self.tmp = ""  # what a job's /tmp is (set by the local runner: "private /tmp ..."), for describe()
 
     def __repr__(self) -> str:
         return f"Isolation({self.describe()!r})"
@@ -70,12 +71,13 @@ class Isolation:
     def describe(self) -> str:
         """One line for the log, `jupyter gpujobs gpus` and the panel."""
         text = (f"{FENCE_ON} (BPF)" if self.bpf else FENCE_ON) if self.fence else FENCE_OFF
+        tmp = f"; {self.tmp}" if self.tmp else ""
         if not self.enabled:
-            return f"{text}; process tree: subreaper supervision ({self.why_not or 'no writable cgroups'})"
+            return f"{text}; process tree: subreaper supervision ({self.why_not or 'no writable cgroups'}){tmp}"
         kinds = " + ".join(k for k, on in (("v2", self.v2), ("v1", self.v1)) if on)
         memory, cpu = self.limits()
         limits = " and ".join(k for k, on in (("memory", memory), ("CPU", cpu)) if on) or "none"
-        return f"{text}; each job in its own cgroup ({kinds}); host limits: {limits}"
+        return f"{text}; each job in its own cgroup ({kinds}); host limits: {limits}{tmp}"
 
     def limits(self) -> tuple[bool, bool]:
         """Can a job be given (a memory limit, a CPU limit)?"""

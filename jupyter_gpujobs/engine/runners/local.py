@@ -43,6 +43,8 @@ from .base import LOST_REASON, NOT_STARTED_REASON, Exit, LaunchRequest, Runner, 
 from .shim import read_json, write_json_atomic
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
+#: the smallest log cap (c.GPUJobs.log_max_bytes) that keeps a useful head and tail
+MIN_LOG_BYTES = 65536
 _PSUTIL_PARENT = str(Path(psutil.__file__).resolve().parents[1])
 
 
@@ -54,10 +56,16 @@ class LocalRunner(Runner):
     MAX_STANDBYS = 8
 
     def __init__(self, state_dir: Path, python: str = sys.executable, liveness_interval: float = 0.5,
-                 cgroups_mode: str = "auto", standbys: int = 4):
+                 cgroups_mode: str = "auto", standbys: int = 4, private_tmp: str = "auto",
+                 log_max_bytes: int = 1 << 30):
+        if log_max_bytes and log_max_bytes < MIN_LOG_BYTES or log_max_bytes < 0:
+            raise ValueError(f"c.GPUJobs.log_max_bytes: {log_max_bytes} is too small; 0 (no cap) or at least "
+                             f"{MIN_LOG_BYTES} bytes")
         self.state_dir = Path(state_dir)
         self.python = python
         self.liveness_interval = liveness_interval
+        #: a job's log keeps at most this many bytes (shim.CappedLog); 0: no cap
+        self.log_max_bytes = int(log_max_bytes)
         #: what confines a job here (cgroups.py); `cgroups_mode="off"` keeps to subreaper supervision
         self.isolation = cgroups.detect(cgroups_mode)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +73,10 @@ class LocalRunner(Runner):
             os.chmod(self.state_dir, 0o700)
         except OSError:
             pass
+        #: why a job cannot get a private /tmp and /dev/shm here ("" when every job gets them)
+        self.private_tmp_problem = self._probe_private_tmp(private_tmp)
+        self.isolation.tmp = (f"no private /tmp: {self.private_tmp_problem}" if self.private_tmp_problem
+                              else "private /tmp and /dev/shm per job")
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # job_dir -> shims we started
         self._checked: dict[str, float] = {}  # job_dir -> monotonic time of the last liveness check
         self._exiting: list[subprocess.Popen[bytes]] = []  # shims that reported, to be reaped
@@ -74,6 +86,28 @@ class LocalRunner(Runner):
         self._standbys: list[subprocess.Popen[bytes]] = []  # oldest first
         self._standby_pythonpath: str | None = None
         self._exit_pipes: dict[int, int] = {}  # supervisor pid -> read end of its exit pipe
+
+    def _probe_private_tmp(self, mode: str) -> str:
+        """"" when jobs get a private /tmp and /dev/shm here, else why not (a throwaway process
+        tries the mounts a job's supervisor makes)."""
+        if mode == "off":
+            return "turned off in the settings (c.GPUJobs.private_tmp)"
+        if mode != "auto":
+            raise ValueError(f"c.GPUJobs.private_tmp must be 'auto' or 'off', not {mode!r}")
+        if not sys.platform.startswith("linux"):
+            return "mount namespaces are Linux's"
+        if os.geteuid() != 0:
+            return "the engine is not root (only root may give a job a mount namespace)"
+        code = ("import sys; from jupyter_gpujobs.engine.runners.shim import probe_private_mounts as p; "
+                "sys.stdout.write(p())")
+        try:
+            done = subprocess.run([self.python, "-S", "-c", code], capture_output=True, text=True, timeout=30,
+                                  env=self._shim_env(os.environ.get("PYTHONPATH")))
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"the probe did not run ({err})"
+        if done.returncode != 0:
+            return f"the probe failed ({(done.stderr.strip().splitlines() or ['no output'])[-1]})"
+        return done.stdout.strip()
 
     # ------------------------------------------------------------------ start
 
@@ -100,6 +134,10 @@ class LocalRunner(Runner):
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
             "bpf_fence": iso.bpf,
+            # the engine's environment only for a personal engine's job run as its own user
+            "inherit_env": bool(self.inherit_environment and account is None and req.run_as is None),
+            "env_allow": list(self.env_allow), "log_max_bytes": self.log_max_bytes,
+            "private_tmp": not self.private_tmp_problem,
         })
         handle: dict[str, Any] = {"runner": "local", "job_dir": str(job_dir)}
         if cg:

@@ -66,7 +66,8 @@ class MPSControl:
         try:
             pipe.mkdir(parents=True, exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True)
-            os.chmod(pipe, 0o755)
+            for folder in (pipe.parent, pipe, logs.parent):
+                os.chmod(folder, 0o755)  # every job's user reaches the daemon (the engine's umask is 077)
             os.chmod(logs, 0o1777)  # the MPS server runs as its clients' user and writes its log here
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
                    "CUDA_MPS_LOG_DIRECTORY": str(logs)}

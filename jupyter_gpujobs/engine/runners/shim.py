@@ -3,11 +3,18 @@
 The local runner starts one shim per run, in its own session, so the run outlives the
 Jupyter server that started it. The shim owns one run from start to result:
 
-- reads `JOB_DIR/spec.json` (written by the runner), builds the job's environment
-  (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, MIG-… UUIDs
+- reads `JOB_DIR/spec.json` (written by the runner), builds the job's environment (from an
+  allow-list of the supervisor's own, `ENV_ALLOWED` plus the admin's `env_allow`, unless the
+  runner says the job may inherit it: a personal engine's job run as its own user; then
+  the request's variables; then CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = exactly the allocated indices, MIG-… UUIDs
   for MIG instances, empty for none; CUDA_DEVICE_ORDER=PCI_BUS_ID; GPUJOBS_JOB_ID, GPUJOBS_GPU_UUIDS, GPUJOBS_TIME_LIMIT,
   GPUJOBS_KILL_GRACE, GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
-  command in its own process group with stdout and stderr merged into the log file;
+  command in its own process group with stdout and stderr merged into the log file, or, with a
+  log cap (`log_max_bytes`), into a pipe the supervisor copies to the log (`CappedLog`: the head
+  and the latest tail are kept, with a line saying how much was cut between them);
+- gives the job a private /tmp (a folder of its run directory, bind-mounted) and /dev/shm (a
+  fresh tmpfs) in a mount namespace of its own when the runner asks (`private_tmp`), and
+  removes that /tmp when the job has ended;
 - becomes a child subreaper (Linux), so descendants that leave the process group or
   daemonize are re-parented to it and can still be found and killed;
 - stops the whole tree (SIGTERM, grace, SIGKILL) at the time limit, when asked (SIGTERM to the
@@ -23,6 +30,8 @@ psutil is imported only when a process tree has to be stopped.
 from __future__ import annotations
 
 import errno as errno_
+import fcntl
+import fnmatch
 import json
 import os
 import select
@@ -156,10 +165,24 @@ def visible_devices(indices: Sequence[int], uuids: Sequence[str]) -> str:
     return ",".join(out)
 
 
+#: what a job gets of the supervisor's (so the engine's) environment when it may not inherit
+#: it all: the search path and the locale. Never a credential of the engine's.
+ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_*", "TZ")
+
+
+def allowed_environment(base: dict[str, str], patterns: Sequence[str]) -> dict[str, str]:
+    """The variables of `base` whose names match one of `patterns` (shell-style: "LC_*")."""
+    return {k: v for k, v in base.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
 def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """The environment of the job: the shim's own, the request's additions, then the
+    """The environment of the job: the shim's own (all of it with `inherit_env`, else only
+    what `ENV_ALLOWED` and the admin's `env_allow` name), the request's additions, then the
     variables the runner guarantees (which the additions cannot override)."""
-    env = dict(base)
+    if spec.get("inherit_env"):
+        env = dict(base)
+    else:
+        env = allowed_environment(base, (*ENV_ALLOWED, *(str(p) for p in spec.get("env_allow") or ())))
     pythonpath = spec.get("pythonpath")
     if pythonpath is None:
         env.pop("PYTHONPATH", None)
@@ -187,6 +210,161 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
     return env
 
 
+class CappedLog:
+    """A run's output into its log file, never more than `cap` bytes (0: no cap) however
+    much the job writes: the first half of the cap is kept, then the newest output; when the
+    file would pass the cap, what lies between the head and the newest quarter of the cap
+    is cut and one line there says how many bytes were cut. (Each cut copies a quarter of the
+    cap for every quarter written: the cost of keeping the tail on disk, where a follower of
+    the log reads it while the job runs.) The log fd is opened for appending; a cut turns
+    that off while it moves the tail."""
+
+    def __init__(self, fd: int, cap: int):
+        self.fd = fd
+        self.cap = cap
+        self.head = cap // 2
+        self.keep = cap // 4
+        self.cut_bytes = 0  # of this run's output
+        self.line_len = 0  # the cut line's length in the file (0: none yet)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            size = os.fstat(self.fd).st_size
+            room = self.cap - size if self.cap else len(view)
+            if room <= 0:
+                self.cut(size)
+                continue
+            n = os.write(self.fd, view[:room])
+            view = view[n:]
+
+    def cut(self, size: int) -> None:
+        """Cut the file of `size` bytes down to its head, the cut line and its newest `keep` bytes."""
+        src = size - self.keep
+        head = min(self.head, src)
+        self.cut_bytes += max(0, src - head - self.line_len)
+        line = (f"\n[gpujobs: {self.cut_bytes} bytes of output cut here: the log is capped at {self.cap} bytes "
+                f"(c.GPUJobs.log_max_bytes); it keeps the first {self.head} and the newest]\n").encode()
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
+        try:
+            os.pwrite(self.fd, line, head)
+            dst = head + len(line)
+            moved = 0
+            while moved < self.keep:  # the tail moves towards the start: copy front to back
+                chunk = os.pread(self.fd, min(1 << 20, self.keep - moved), src + moved)
+                if not chunk:
+                    break
+                os.pwrite(self.fd, chunk, dst + moved)
+                moved += len(chunk)
+            os.ftruncate(self.fd, dst + moved)
+        finally:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)
+        self.line_len = len(line)
+
+
+class OutputPipe:
+    """The pipe a capped run writes its output into, and the `CappedLog` it is copied to."""
+
+    def __init__(self, log_fd: int, cap: int):
+        self.read_fd, self.write_fd = os.pipe()
+        try:
+            fcntl.fcntl(self.read_fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups for a chatty job
+        except OSError:
+            pass
+        os.set_blocking(self.read_fd, False)
+        self.log = CappedLog(log_fd, cap)
+        self.open = True
+
+    def drain(self, budget: int = 16 << 20) -> None:
+        """Copy what is in the pipe (up to `budget` bytes) to the log; at EOF, close it."""
+        while self.open and budget > 0:
+            try:
+                data = os.read(self.read_fd, 1 << 20)
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            if not data:
+                os.close(self.read_fd)
+                self.open = False
+                return
+            budget -= len(data)
+            try:
+                self.log.write(data)
+            except OSError as err:  # a full disk: the output is lost, the job goes on
+                try:
+                    print(f"gpujobs: could not write the job's output to its log: {err}", file=sys.stderr)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """The job's processes are gone: copy what is left and close the pipe (the log stays open)."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+        self.drain(budget=1 << 62)
+        if self.open:
+            os.close(self.read_fd)
+            self.open = False
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+
+
+def private_mounts(tmp_dir: str | None) -> None:
+    """In a mount namespace of this process's own: `tmp_dir` on /tmp and a fresh tmpfs on
+    /dev/shm (None: a tmpfs on /tmp too, as the probe does). OSError when the host refuses."""
+    import ctypes
+
+    libc = _libc()
+    if libc is None:
+        raise OSError(errno_.ENOSYS, "no C library to call unshare and mount")
+
+    def check(rc: int) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    check(libc.unshare(_CLONE_NEWNS))
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
+    if tmp_dir is None:
+        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777,size=1m"))
+    else:
+        check(libc.mount(tmp_dir.encode(), b"/tmp", None, _MS_BIND, None))
+    check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"))
+
+
+def probe_private_mounts() -> str:
+    """"" when a job can get a private /tmp and /dev/shm here, else why not (run in a process
+    of its own: its mounts vanish with it)."""
+    try:
+        private_mounts(None)
+    except OSError as err:
+        return f"no mount namespace for jobs ({err.strerror or err})"
+    return ""
+
+
+def make_job_tmp(job_dir: str, owner: tuple[int, int] | None) -> str:
+    """The folder that is the job's /tmp: `JOB_DIR/tmp`, mode 1777 as /tmp (only the job
+    reaches it: the run directory is root's 0700)."""
+    path = os.path.join(job_dir, "tmp")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    os.chmod(path, 0o1777)
+    return path
+
+
+def remove_job_tmp(path: str) -> None:
+    """Remove a job's /tmp once nothing of the job runs (never following a link in it)."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class SpawnError(OSError):
     """The child could not become the job: `stage` says where ("cgroup", "user", "cwd", "exec")."""
 
@@ -196,10 +374,12 @@ class SpawnError(OSError):
 
 
 def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
-          cg: dict[str, str] | None = None, user: tuple[str, int, int, list[int]] | None = None) -> int:
+          cg: dict[str, str] | None = None, user: tuple[str, int, int, list[int]] | None = None,
+          tmp_dir: str | None = None) -> int:
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
     stderr into `log_fd`. The child starts in, or enters, the run's cgroups `cg`
-    (`cgroups.fork_into`, `cgroups.enter`) before exec, drops to `user` (name, uid, gid, groups:
+    (`cgroups.fork_into`, `cgroups.enter`) before exec, gets `tmp_dir` as its private /tmp
+    (and a /dev/shm of its own, `private_mounts`) when given, drops to `user` (name, uid, gid, groups:
     setgid, setgroups, setuid, umask 077; no lookup happens in the child) and then enters `cwd` with that user's rights. A failure in
     the child is raised here as SpawnError with its stage and errno.
 
@@ -218,6 +398,9 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
             signal.set_wakeup_fd(-1)
             stage = "cgroup"
             cgroups.enter(cg or {}, in_v2)
+            if tmp_dir is not None:
+                stage = "tmp"
+                private_mounts(tmp_dir)
             if user is not None:
                 stage = "user"
                 _name, uid, gid, gids = user
@@ -271,7 +454,7 @@ def open_log(path: str, owner: tuple[int, int] | None = None) -> int:
     the log's name (by an earlier job that could write the folder) is removed and a new
     file made in its place, so output never goes anywhere but the log. The log is private
     (0600) and, for a job run as another user, theirs."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK  # read: CappedLog moves the tail
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as err:
@@ -330,6 +513,7 @@ class Shim:
         self.child_status: int | None = None
         self.known: dict[int, float] = {}  # descendants seen: pid -> create time (no subreaper)
         self.cg: dict[str, str] = {}  # the run's cgroups (cgroups.py), empty without
+        self.output: OutputPipe | None = None  # where a capped run's output goes
 
     # ------------------------------------------------------------------ signals
 
@@ -346,10 +530,15 @@ class Shim:
             f.write(str(os.getpid()))
 
     def wait(self, timeout: float) -> None:
+        readers = [self.wake_r]
+        if self.output is not None and self.output.open:
+            readers.append(self.output.read_fd)
         try:
-            select.select([self.wake_r], [], [], max(0.0, timeout))
+            select.select(readers, [], [], max(0.0, timeout))
         except InterruptedError:
             pass
+        if self.output is not None:
+            self.output.drain()
         try:
             while os.read(self.wake_r, 512):
                 pass
@@ -477,6 +666,8 @@ class Shim:
             return f"cannot enter the working directory {cwd}: {err.strerror}"
         if err.stage == "cgroup":
             return f"could not put the job in its cgroup: {err.strerror}"
+        if err.stage == "tmp":
+            return f"could not give the job a private /tmp and /dev/shm: {err.strerror}"
         if err.stage == "user":
             return f"could not switch to the user {who}: {err.strerror}"
         if err.errno == errno_.ENOENT:
@@ -539,6 +730,19 @@ class Shim:
         env = job_environment(spec, dict(os.environ))
         if user is not None:
             env.update({"HOME": user[3], "USER": user[0], "LOGNAME": user[0], "SHELL": user[4] or "/bin/sh"})
+        elif not spec.get("inherit_env"):
+            import pwd
+
+            me = pwd.getpwuid(os.getuid())
+            env.update({"HOME": me.pw_dir, "USER": me.pw_name, "LOGNAME": me.pw_name, "SHELL": me.pw_shell or "/bin/sh"})
+        tmp_dir: str | None = None
+        if spec.get("private_tmp"):
+            where = os.path.normpath(cwd or self.job_dir)
+            if where != "/tmp" and not where.startswith("/tmp/"):  # else the folder would vanish for it
+                try:
+                    tmp_dir = make_job_tmp(self.job_dir, (user[1], user[2]) if user else None)
+                except OSError as err:
+                    return self.fail_to_start(spec, f"could not make the job's private /tmp: {err.strerror}", log_fd)
         self.cg = {str(k): str(v) for k, v in (spec.get("cgroups") or {}).items()}
         if self.cg:
             try:
@@ -549,13 +753,26 @@ class Shim:
                 return self.fail_to_start(spec, f"could not confine the job in its cgroup: {err.strerror or err}",
                                           log_fd)
         self.subreaper = _become_subreaper()
+        cap = int(spec.get("log_max_bytes") or 0)
+        if cap:
+            self.output = OutputPipe(log_fd, cap)
         try:
-            pid = spawn(command, cwd, env, log_fd, self.cg,
-                        (user[0], user[1], user[2], user[5]) if user else None)
+            pid = spawn(command, cwd, env, self.output.write_fd if self.output else log_fd, self.cg,
+                        (user[0], user[1], user[2], user[5]) if user else None, tmp_dir)
         except SpawnError as err:
             cgroups.remove(self.cg)
+            if tmp_dir:
+                remove_job_tmp(tmp_dir)
+            if self.output is not None:
+                self.output.close()
+                self.output = None
             return self.fail_to_start(spec, self.spawn_failure(err, command, cwd, user), log_fd)
-        os.close(log_fd)
+        if self.output is not None:
+            os.close(self.output.write_fd)  # the job holds it: EOF once the job's last process is gone
+            self.output.write_fd = -1
+        else:
+            os.close(log_fd)
+            log_fd = None
         self.child_pid = pid
         started_mono = time.monotonic()
         started_at = time.time()
@@ -622,6 +839,12 @@ class Shim:
         sig: int | None = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         host_oom = bool(self.cg) and cgroups.oom_killed(self.cg)
         cgroups.remove(self.cg)
+        if self.output is not None:
+            self.output.close()  # nothing of the job is left: what it wrote last is in the log
+        if log_fd is not None:
+            os.close(log_fd)
+        if tmp_dir:
+            remove_job_tmp(tmp_dir)
         if stop is not None:
             outcome, reason = stop
         elif host_oom:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -258,8 +260,37 @@ def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]], ids
 
 def default_url(data_dir: str | Path) -> str:
     path = Path(data_dir) / "gpujobs.sqlite"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+#: what SQLite keeps next to a database file (they take the database file's mode when made)
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def private_sqlite_files(database: Path) -> list[str]:
+    """Make a SQLite database file and its side files readable by their owner alone (0600):
+    the file is created so when it does not exist yet (SQLite then gives its -wal and -shm
+    the same mode), and existing ones with any group or other bits are repaired. Returns the
+    files repaired ("path (was 0644)"), for the engine's log."""
+    repaired = []
+    try:
+        os.close(os.open(database, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass  # a read-only or missing folder: SQLite says so when it opens it
+    for path in (database, *(Path(f"{database}{side}") for side in SQLITE_SIDE_FILES)):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and mode & 0o077:
+            try:
+                os.chmod(path, 0o600)
+            except OSError:
+                continue
+            repaired.append(f"{path} (was {mode:04o})")
+    return repaired
 
 
 class Store:

@@ -1,0 +1,228 @@
+"""What one user of a machine can reach of the shared engine and of another user's jobs, tried
+as real Unix users against a real root engine (`jupyter gpujobs engine` on its own socket,
+state dir and claim dir; issue 34, part 1):
+
+- the state dir and the database are root's alone, and an install left open (0755 / 0644 by
+  an older version) is repaired at start, with a log line;
+- the GPU claims: a user who planted lock files (world-writable, with a spoofed holder, held
+  locked) before the engine started neither blocks nor names the holder; the claim files
+  are root's 0600 in a root 0755 folder, which no user can write or open;
+- a variable of the engine's environment (a fake secret) is not in a job's;
+- two users' jobs do not see each other's /tmp or /dev/shm, and a job's /tmp goes with it;
+- a job writing far past the log cap leaves a log of bounded size: its head, its newest
+  output and a line saying what was cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from team import USER_PYTHON, USERS, Team, as_user, missing
+
+from jupyter_gpujobs.engine.gpus import FakeBackend
+from jupyter_gpujobs.engine.store import Store
+from jupyter_gpujobs.model import parse_fake_gpus
+
+pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())), pytest.mark.timeout(300)]
+U1, U2 = USERS
+SECRET_NAME = "SMTP_PASSWORD_OF_THE_ENGINE"
+LOG_CAP = 65536
+#: as a user: hold an exclusive lock on each named file (made world-writable, naming a spoofed
+#: holder) in a folder, print "held", and wait
+PLANT = """
+import fcntl, json, os, sys, time
+folder, names = sys.argv[1], sys.argv[2:]
+fds = []
+for name in names:
+    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o666)
+    os.fchmod(fd, 0o666)
+    os.write(fd, json.dumps({"pid": 1, "user": "root", "data_dir": "/spoofed"}).encode())
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    fds.append(fd)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+class PlantedTeam(Team):
+    """A root engine (no user servers) started on a state dir and a claim dir that an older
+    version left open and a user got into first."""
+
+    planter: subprocess.Popen[str] | None = None
+
+    def start_engine(self) -> None:
+        state = self.base / "engine"
+        state.mkdir(mode=0o755)
+        os.chmod(state, 0o755)
+        old_umask = os.umask(0o022)
+        try:
+            store = Store(f"sqlite:///{state / 'gpujobs.sqlite'}")
+            store.migrate()  # an older version's database: 0644
+            store.close()
+        finally:
+            os.umask(old_umask)
+        claims = self.base / "claims"
+        claims.mkdir()
+        os.chmod(claims, 0o1777)  # as older versions made it
+        fleet = hashlib.sha1(str(state.resolve()).encode()).hexdigest()[:12]
+        uuids = [g.uuid for g in FakeBackend(parse_fake_gpus(self.fake_gpus), fleet=fleet).inventory()]
+        names = [hashlib.sha1(u.encode()).hexdigest()[:20] + ".lock" for u in uuids]
+        self.planter = subprocess.Popen(as_user(U1, [str(USER_PYTHON), "-c", PLANT, str(claims), *names]),
+                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.planter.stdout is not None and self.planter.stdout.readline().strip() == "held"
+        super().start_engine()
+        deadline = time.monotonic() + 60
+        while "gpujobs shared engine:" not in self.engine_log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, self.engine_log.read_text()[-3000:]
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.planter is not None:
+            self.planter.kill()
+            self.planter.wait()
+        super().__exit__(*exc)
+
+
+@pytest.fixture(scope="module")
+def team() -> Iterator[PlantedTeam]:
+    os.environ[SECRET_NAME] = "hunter2-of-the-engine"  # the engine inherits it, as an SMTP password would come
+    try:
+        with PlantedTeam(fake_gpus="2xA100", users=(),
+                         engine_args=[f"--GPUJobs.log_max_bytes={LOG_CAP}"]) as t:
+            yield t
+    finally:
+        os.environ.pop(SECRET_NAME, None)
+
+
+def submit(team: Team, user: str, script: str, **options: Any) -> int:
+    """A job of `user` running `sh -c script` in their home (not under /tmp), through the socket."""
+    home = pwd.getpwnam(user).pw_dir
+    body = json.dumps({"command": ["sh", "-c", script], "gpus": 0, "time_limit": "2m", "cwd": home, **options})
+    code = ("import json; from jupyter_gpujobs.client import GPUJobsClient as C; "
+            f"print(json.dumps(C().submit(**json.loads({body!r}))['id']))")
+    return int(team.run_as(user, code))
+
+
+def wait_job(team: Team, job_id: int, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+    with team.socket_client() as c:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = c.get(f"jobs/{job_id}").json()
+            if job["state"] in states:
+                return job
+            assert time.monotonic() < deadline, f"job {job_id} is {job['state']}\n{team.logs()}"
+            time.sleep(0.1)
+
+
+def log_of(team: Team, job_id: int) -> bytes:
+    return (team.base / "engine" / "logs" / f"job-{job_id}.log").read_bytes()
+
+
+def wait_log(team: Team, job_id: int, text: bytes, timeout: float = 60) -> bytes:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data = log_of(team, job_id)
+        except FileNotFoundError:
+            data = b""
+        if text in data:
+            return data
+        assert time.monotonic() < deadline, f"{text!r} not in the log of job {job_id}: {data[-500:]!r}"
+        time.sleep(0.1)
+
+
+def can_open(team: Team, user: str, path: Path, mode: str) -> str:
+    """What `user` gets opening `path` ("ok" or the error's name)."""
+    code = (f"import json\ntry:\n    open({str(path)!r}, {mode!r}).close(); print(json.dumps('ok'))\n"
+            "except OSError as e:\n    print(json.dumps(type(e).__name__))")
+    return str(team.run_as(user, code))
+
+
+def test_state_dir_and_store_are_private_and_an_old_install_is_repaired(team: PlantedTeam) -> None:
+    state = team.base / "engine"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    files = [p for p in state.iterdir() if p.name.startswith("gpujobs.sqlite")]
+    assert files, list(state.iterdir())
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert can_open(team, U2, state / "gpujobs.sqlite", "rb") == "PermissionError"
+    log = team.engine_log.read_text()
+    assert f"the state dir {state} (was 0755) was readable by other users" in log, log[-3000:]
+    assert f"{state / 'gpujobs.sqlite'} (was 0644) was readable by other users" in log
+
+
+def test_claims_cannot_be_taken_spoofed_or_blocked_by_a_user(team: PlantedTeam) -> None:
+    log = team.engine_log.read_text()
+    assert "NOT claimed" not in log and "/spoofed" not in log, log[-3000:]
+    with team.socket_client() as c:
+        assert "notice" not in c.get("whoami").json()
+    job = wait_job(team, submit(team, U2, "true", gpus=1), ("COMPLETED", "FAILED"))
+    assert job["state"] == "COMPLETED", job
+    claims = team.base / "claims"
+    st = claims.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    locks = list(claims.iterdir())
+    assert len(locks) == 2
+    for lock in locks:
+        lst = lock.stat()
+        assert (lst.st_uid, stat.S_IMODE(lst.st_mode)) == (0, 0o600), lock
+        assert can_open(team, U1, lock, "rb") == "PermissionError"  # no fd: nothing to flock
+        assert team.engine is not None and json.loads(lock.read_text())["pid"] == team.engine.pid
+    assert can_open(team, U1, claims / "planted.lock", "wb") == "PermissionError"
+
+
+def test_a_job_gets_no_variable_of_the_engine_environment(team: PlantedTeam) -> None:
+    job_id = submit(team, U1, "env; echo END", env={"MY_OWN": "kept"})
+    assert wait_job(team, job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    env = log_of(team, job_id).decode()
+    assert "END" in env
+    assert SECRET_NAME not in env and "hunter2" not in env, env
+    assert "MY_OWN=kept" in env and "PATH=" in env and f"HOME={pwd.getpwnam(U1).pw_dir}" in env
+
+
+def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
+    first = submit(team, U1, "echo u1 > /tmp/left-by-u1 && echo u1 > /dev/shm/left-by-u1 && echo written "
+                             "&& sleep 100")
+    wait_log(team, first, b"written")
+    second = submit(team, U2, "ls -a /tmp /dev/shm; echo LISTED")
+    assert wait_job(team, second, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    listing = log_of(team, second).decode()
+    assert "LISTED" in listing and "left-by-u1" not in listing, listing
+    assert not Path("/tmp/left-by-u1").exists() and not Path("/dev/shm/left-by-u1").exists()
+    job_tmps = list((team.base / "engine" / "run").glob(f"job-{first}-*/tmp"))
+    assert len(job_tmps) == 1 and (job_tmps[0] / "left-by-u1").exists()  # where the job's /tmp is
+    with team.socket_client() as c:
+        c.delete(f"jobs/{first}")
+    wait_job(team, first, ("CANCELLED",))
+    deadline = time.monotonic() + 30
+    while job_tmps[0].exists():  # the supervisor removes it once the job's processes are gone
+        assert time.monotonic() < deadline, "the job's /tmp was not removed"
+        time.sleep(0.1)
+    with team.socket_client() as c:
+        assert "private /tmp and /dev/shm per job" in c.get("gpus").json().get("isolation", "")
+
+
+def test_a_log_past_its_cap_keeps_head_and_tail(team: PlantedTeam) -> None:
+    lines = 100_000  # about 6 MB
+    job_id = submit(team, U1, f"seq -f 'line %07g {'x' * 48}' 1 {lines}")
+    assert wait_job(team, job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    data = log_of(team, job_id)
+    assert len(data) <= LOG_CAP, len(data)
+    text = data.decode()
+    assert text.startswith("line 0000001 ")
+    assert text.endswith(f"line {lines:07d} {'x' * 48}\n")
+    assert "bytes of output cut here" in text
+    cut = int(text.split("[gpujobs: ")[1].split(" bytes")[0])
+    written = lines * len(f"line 0000001 {'x' * 48}\n")
+    kept = len(data) - len(text.split("[gpujobs: ")[1].split("]\n")[0]) - len("\n[gpujobs: ]\n")
+    assert cut + kept == written, (cut, kept, written)
