@@ -102,7 +102,7 @@ def locate_engine(url: str | None = None, token: str | None = None) -> tuple[str
             r = httpx.get(base + API + "whoami", headers=_auth(tok), timeout=2.0)
         except httpx.HTTPError:
             continue
-        if r.status_code == 200:
+        if r.status_code in (200, 503):  # 503: its extension could not start, and says why
             return base, tok, "the newest running Jupyter server with jupyter-gpujobs"
     if candidates:
         raise GPUJobsError(

@@ -69,6 +69,9 @@ def check_engine(ctx: Context) -> list[Check]:
     except (GPUJobsError, OSError) as err:
         ctx.client = None
         message = getattr(err, "message", str(err))
+        if getattr(err, "status", None) == 503 and "did not start" in message:
+            return [Check("engine", FAIL, f"found ({how}), but {message}",
+                          "fix what it names, then restart the server")]
         return [Check("engine", FAIL, f"not reachable ({how}): {message}",
                       "start JupyterLab with the extension (`scripts/run-lab.sh` in a clone, or `jupyter lab`); "
                       "check `jupyter server extension list` shows jupyter_gpujobs enabled")]

@@ -103,3 +103,36 @@ def test_doctor_finds_the_panel_disabled(tmp_path: Any, monkeypatch: pytest.Monk
     [check] = check_lab_extension(Context(None, None))
     assert check.status == "fail" and check.found == f"jupyter-gpujobs is disabled in {page_config}"
     assert check.todo == "jupyter labextension enable jupyter-gpujobs"
+
+
+def test_a_bad_setting_is_named_by_the_api_the_cli_and_doctor(live_server: Any) -> None:
+    """A server started with a setting the extension cannot take still answers its API routes:
+    503 with the setting, the value and the fix (doctor once sent the user to `jupyter server
+    extension list`, which said all was well)."""
+    import time
+
+    import httpx
+
+    server = live_server(start=False, extra_args=["--GPUJobs.default_time_limit=banana"])
+    server.proc = subprocess.Popen([sys.executable, "-m", "jupyter_server", *server.args], cwd=server.root,
+                                   env=server.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+    auth = {"Authorization": f"token {server.token}"}
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.proc.poll() is None and time.monotonic() < deadline, "the server did not come up"
+        try:
+            r = httpx.get(server.url + "gpujobs/api/jobs", headers=auth, timeout=2)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    assert r.status_code == 503, r.text
+    said = r.json()["message"]
+    assert "c.GPUJobs.default_time_limit" in said and "banana" in said and "restart the server" in said
+    assert httpx.get(server.url + "gpujobs/api/jobs", timeout=2).status_code == 403  # only to its users
+
+    listed = server.cli("list")
+    assert listed.returncode == 1 and "default_time_limit" in listed.stderr and "Traceback" not in listed.stderr
+    engine = rows(server.cli("doctor").stdout)["engine"]
+    assert engine[0].startswith("FAIL found (--url), but jupyter-gpujobs did not start"), engine
+    assert "banana" in engine[0] and "extension list" not in " ".join(engine)

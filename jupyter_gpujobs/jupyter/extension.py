@@ -11,17 +11,45 @@ for its own engine, `GPUJOBS_TOKEN`, see docs/shared-server.md for why that is s
 from __future__ import annotations
 
 import getpass
+import json
 import os
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Any, Instance, Unicode
+from tornado import web
+from traitlets import Any, Instance, TraitError, Unicode
 
 from ..config import GPUJobs
 from ..engine.api.handlers import HANDLERS
 from ..engine.app import build_engine, describe, engine_settings, start_engine, stop_engine
 from ..engine.service import JobService
+
+
+def not_started_text(err: Exception) -> str:
+    """What a user reads when the extension could not start: the cause, and what to do."""
+    if isinstance(err, TraitError):  # a setting: its own message names it and the value
+        return (f"jupyter-gpujobs did not start: {err}. Fix that setting (jupyter_server_config.py or "
+                "the server's command line) and restart the server.")
+    return (f"jupyter-gpujobs did not start: {type(err).__name__}: {err}. `jupyter gpujobs doctor` "
+            "says what is in force; the server's log has the details. Fix it and restart the server.")
+
+
+class NotStartedHandler(APIHandler):
+    """Every gpujobs/api/ request of a server whose extension could not start: 503 saying why
+    (to authenticated users only: the reason may quote the server's settings)."""
+
+    def initialize(self, reason: str) -> None:
+        self.reason = reason
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self.current_user:
+            raise web.HTTPError(403)
+        self.set_status(503)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": self.reason, "field": None}))
 
 
 def shared_engine_socket(cfg: GPUJobs) -> str | None:
@@ -44,8 +72,19 @@ class GPUJobsApp(ExtensionApp):
     service = Instance(JobService, allow_none=True)
     monitor = Any(None, allow_none=True)  # monitor.Monitor, built with the service
     engine_socket = Unicode(None, allow_none=True)  # set: this server forwards to the shared engine
+    #: why the extension could not start (a bad setting, a store it cannot open): every request
+    #: under gpujobs/api/ is answered 503 with it, so the CLI, doctor and the panel say what to fix
+    #: instead of finding no extension at all
+    not_started = Unicode(None, allow_none=True)
 
     def initialize_settings(self) -> None:
+        try:
+            self._initialize_settings()
+        except Exception as err:
+            self.not_started = not_started_text(err)
+            self.log.error("gpujobs: %s", self.not_started, exc_info=not isinstance(err, TraitError))
+
+    def _initialize_settings(self) -> None:
         server = self.serverapp
         cfg = GPUJobs(parent=server)
         self.settings_obj = cfg
@@ -85,6 +124,9 @@ class GPUJobsApp(ExtensionApp):
                       "on" if private else "off")
 
     def initialize_handlers(self) -> None:
+        if self.not_started is not None:
+            self.handlers.append((r"/gpujobs/api(?:/.*)?", NotStartedHandler, {"reason": self.not_started}))
+            return
         if self.engine_socket:
             from .forward import FORWARD_HANDLERS
 
@@ -96,6 +138,8 @@ class GPUJobsApp(ExtensionApp):
         self.handlers.extend(MONITOR_HANDLERS)
 
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
+        if self.not_started is not None:
+            return
         if self.service is not None:
             await start_engine(self.service, self.monitor)
         from .provisioner import start_reconciler
