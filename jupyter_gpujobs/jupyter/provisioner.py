@@ -20,7 +20,9 @@ kernel is an ordinary local process, started only once the engine gave it GPUs.
 - Server restarts: each allocation is recorded in a small file in Jupyter's runtime dir
   (and in `get_provisioner_info`); `reconcile_kernel_jobs` ends the jobs whose kernel is gone.
 
-Nothing here talks to the store: everything goes through the REST API.
+Nothing here talks to the store: everything goes through the REST API. The Slurm path
+(slurm_kernel.py) gets this provisioner as a `KernelHost` (kernel_host.py, which also holds
+`GPUKernelStartError`), and neither module imports the other's.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_core.utils import ensure_async
-from tornado import web
 from traitlets import Bool, Float, Integer, Unicode, Union
 
 from ..client import FINAL_STATES, AsyncGPUJobsClient, GPUJobsError
@@ -52,6 +53,7 @@ from ..model import (
     parse_gpus,
     parse_priority,
 )
+from .kernel_host import GPUKernelStartError
 from .slurm_kernel import SlurmKernel, engine_runner
 
 PROVISIONER_NAME = "gpujobs-provisioner"
@@ -71,22 +73,6 @@ _CLIENTS: dict[tuple[str | None, str | None, int], AsyncGPUJobsClient] = {}
 _GPU_INFO: dict[str, tuple[dict[int, str], bool, str | None]] = {}
 #: Engine URL -> {GPU index: memory MB}, for the memory hints of a kernel on a share of a GPU.
 _GPU_MEMORY: dict[str, dict[int, int]] = {}
-
-
-class GPUKernelStartError(web.HTTPError):
-    """A GPU kernel could not start (no GPU within the maximum wait, a refused request).
-
-    A tornado HTTPError, so the server answers `POST /api/kernels` with this status and the
-    message (JupyterLab shows it in its "Error Starting Kernel" dialog); elsewhere (nbclient,
-    jupyter console) it is an ordinary exception whose text is the message.
-    """
-
-    def __init__(self, message: str, status: int = 503):
-        super().__init__(status, message)  # log_message: what the server's JSON answer shows
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def _spawn(coro: Any) -> asyncio.Task[Any]:

@@ -19,6 +19,10 @@ From then on the kernel is the Slurm job: `poll` reads the job's state, `kill`/`
 the job through the engine (which scancels it), interrupts travel as `interrupt_request`
 messages on the control channel (no signal crosses machines), and time limits and idle reclaim
 are the provisioner's usual ones.
+
+May import: the client, and kernel_host.py (the provisioner as a `KernelHost`, and the start
+error, imported where it is raised: the launcher on the node imports this module and needs
+no tornado); never the provisioner itself, which imports this module.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..client import FINAL_STATES, AsyncGPUJobsClient, GPUJobsError
 
 if TYPE_CHECKING:
-    from .provisioner import GPUKernelProvisioner
+    from .kernel_host import KernelHost
 
 #: Engine URL -> the runner it uses ("local", "slurm"); it does not change while it runs.
 _RUNNERS: dict[str, str] = {}
@@ -65,7 +69,7 @@ def launcher_command(connection_file: str, kernel_cmd: list[str]) -> list[str]:
 class SlurmKernel:
     """One kernel running as a Slurm job, for its provisioner (`provisioner._slurm`)."""
 
-    def __init__(self, provisioner: GPUKernelProvisioner, start_timeout: float = 120.0):
+    def __init__(self, provisioner: KernelHost, start_timeout: float = 120.0):
         self.p = provisioner
         self.start_timeout = start_timeout
         self.state: str | None = None  # the job's last known state
@@ -101,7 +105,9 @@ class SlurmKernel:
 
     async def _connection_info(self, path: Path, job_id: int) -> dict[str, Any]:
         """The connection file once the launcher on the node rewrote it."""
-        from .provisioner import GPUKernelStartError
+        # (here: the launcher on the node imports this module, and tornado, which the error
+        # comes with, would add about 0.1 s to every kernel start there)
+        from .kernel_host import GPUKernelStartError
 
         deadline = time.monotonic() + self.start_timeout
         while True:
