@@ -14,6 +14,10 @@ stops rogue processes under `rogue_policy = "kill"`, runs the share watcher (sha
 over its GPU memory share is warned, then stopped through `service.over_share`; it runs even
 with monitoring off, whenever a share job runs), and sets `Job.predicted_runtime_s` on
 active jobs when a prediction is confident.
+
+The Monitor receives the engine it watches (`MonitoredEngine`, engine_view.py: exactly what
+it may call) and imports no part of the service. Its own parts: carry.py (going on past a
+failure), draining.py (the inventory with drained GPUs marked), settings.py (what it is told).
 """
 
 from __future__ import annotations
@@ -23,13 +27,10 @@ import importlib
 import logging
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ...model import GPU, Job, JobState, is_share, parse_duration
-from ..gpus import GPUBackend, GPUProcess, GPUSample
+from ...model import Job, JobState, is_share
+from .carry import carry_on
 from .diagnosis import (
     Finding,
     ProcessInfo,
@@ -39,10 +40,12 @@ from .diagnosis import (
     detect_repeated_failures,
     detect_rogues,
 )
+from .draining import DrainingBackend
+from .engine_view import MonitoredEngine
 from .predict import Prediction, RuntimePredictor, job_key
+from .settings import MonitorSettings
 
 if TYPE_CHECKING:
-    from ..service import JobService
     from ..store import monitoring as mstore
 else:
 
@@ -58,111 +61,14 @@ else:
 log = logging.getLogger("jupyter_gpujobs")
 
 
-@contextmanager
-def carry_on(what: str, logger: logging.Logger = log) -> Iterator[None]:
-    """Go on past a failure of the block (monitoring must keep going), logging it as
-    "gpujobs: <what> failed"; a full or read-only store is not logged here: the engine says
-    so once a minute while it lasts."""
-    try:
-        yield
-    except Exception as err:
-        from ..store import StoreUnavailable  # (loaded by then: the store raised it)
-
-        if not isinstance(err, StoreUnavailable):
-            logger.exception("gpujobs: %s failed", what)
-
-
 _LOG_TAIL_BYTES = 64 * 1024
 _REFRESH_S = 30.0  # how often a standing finding's message and last_seen are rewritten
 
 
-@dataclass(frozen=True)
-class MonitorSettings:
-    """What the monitor is told (c.GPUJobs traitlets, see config.py)."""
-
-    enabled: bool = True
-    sample_interval: float = 5.0
-    raw_retention_s: float = 6 * 3600
-    minute_retention_s: float = 14 * 86400
-    hour_retention_s: float = 400 * 86400
-    idle_hog_after_s: float = 1800
-    idle_hog_threshold: float = 1.0
-    rogue_policy: str = "warn"  # "warn" | "kill"
-    rogue_ignore: tuple[str, ...] = ("Xorg", "gnome-shell", "nvidia-persistenced")
-    drain_after_errors: int = 0  # 0: never drain automatically
-    gpu_error_repeat: int = 2
-    failure_streak: int = 3
-    oom_memory_fraction: float = 0.95
-    predict_min_confidence: float = 0.6
-    kill_grace_s: float = 10
-    # learned reservations and quiet hours (habits.py): how often, how far back, how sure
-    habits_interval_s: float = 3600
-    habits_lookback_weeks: int = 8
-    habits_min_weeks: int = 3
-    quiet_threshold: float = 20.0  # percent utilization under which an hour is quiet
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> MonitorSettings:
-        def seconds(name: str, default: float) -> float:
-            value = getattr(cfg, name, None)
-            return float(parse_duration(value, f"c.GPUJobs.{name}")) if value not in (None, "") else default
-
-        d = cls()
-        return cls(
-            enabled=bool(getattr(cfg, "monitor", True)),
-            sample_interval=float(getattr(cfg, "sample_interval", d.sample_interval)),
-            raw_retention_s=seconds("sample_retention", d.raw_retention_s),
-            minute_retention_s=seconds("sample_retention_minutes", d.minute_retention_s),
-            hour_retention_s=seconds("sample_retention_hours", d.hour_retention_s),
-            idle_hog_after_s=seconds("idle_hog_after", d.idle_hog_after_s),
-            idle_hog_threshold=float(getattr(cfg, "idle_hog_threshold", d.idle_hog_threshold)),
-            rogue_policy=str(getattr(cfg, "rogue_policy", d.rogue_policy)),
-            rogue_ignore=tuple(getattr(cfg, "rogue_ignore", d.rogue_ignore)),
-            drain_after_errors=int(getattr(cfg, "drain_after_errors", d.drain_after_errors)),
-            failure_streak=int(getattr(cfg, "failure_streak", d.failure_streak)),
-            oom_memory_fraction=float(getattr(cfg, "oom_memory_fraction", d.oom_memory_fraction)),
-            predict_min_confidence=float(getattr(cfg, "predict_min_confidence", d.predict_min_confidence)),
-            kill_grace_s=float(cfg.seconds("kill_grace")) if hasattr(cfg, "seconds") else d.kill_grace_s,
-        )
-
-
-class DrainingBackend(GPUBackend):
-    """The engine's view of a backend with the monitor's drained GPUs marked `draining`."""
-
-    def __init__(self, inner: GPUBackend, drained: set[tuple[str, int]]):
-        self.inner = inner
-        self.drained = drained
-        self.name = inner.name
-
-    def inventory(self) -> list[GPU]:
-        gpus = self.inner.inventory()
-        if not self.drained:
-            return gpus
-        return [replace(g, draining=True) if (g.host, g.index) in self.drained else g for g in gpus]
-
-    def processes(self) -> dict[int, list[GPUProcess]]:
-        return self.inner.processes()
-
-    def sample(self) -> list[GPUSample]:
-        return self.inner.sample()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def device_nodes(self) -> dict[int, str]:
-        return self.inner.device_nodes()  # the GPU fence needs them: never the base class's none
-
-    def remove_device_nodes(self) -> None:
-        self.inner.remove_device_nodes()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 class Monitor:
-    """Sampling, diagnosis, usage, metrics and prediction for one JobService."""
+    """Sampling, diagnosis, usage, metrics and prediction for one engine."""
 
-    def __init__(self, service: JobService, settings: MonitorSettings | None = None,
+    def __init__(self, service: MonitoredEngine, settings: MonitorSettings | None = None,
                  logger: logging.Logger | None = None):
         self.service = service
         self.settings = settings or MonitorSettings()
@@ -172,6 +78,7 @@ class Monitor:
         backend = service.gpus.inner if isinstance(service.gpus, DrainingBackend) else service.gpus
         self.backend = backend
         self.host = getattr(backend, "host", "localhost")
+        # (here, not above: the CLI imports monitor.text, and these load SQLAlchemy and psutil)
         from .metrics import WaitHistogram, make_registry
         from .rogue import ProcessResolver, RogueKiller
         from .sampler import Sampler
@@ -647,4 +554,4 @@ def _runtime(job: Job) -> float | None:
     return None
 
 
-__all__ = ["DrainingBackend", "Monitor", "MonitorSettings", "may_see"]
+__all__ = ["DrainingBackend", "Monitor", "MonitorSettings", "MonitoredEngine", "carry_on", "may_see"]

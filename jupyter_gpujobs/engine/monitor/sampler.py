@@ -22,7 +22,7 @@ from ...model import GPU, Job, JobState
 from ..gpus import GPUBackend, GPUSample
 from ..store import Store
 from ..store import monitoring as mstore
-from . import carry_on
+from .carry import carry_on
 from .diagnosis import GPUErrorState, update_gpu_errors
 
 log = logging.getLogger("jupyter_gpujobs")
