@@ -3,8 +3,12 @@
 Benchmark: `benchmarks/bench_scheduler.py`, the "burst" and "steady" deciding cycles at 10k
 pending x 512 GPUs (and `benchmarks/bench_instructions.py` for their instruction counts);
 see docs/scheduling.md, "What keeps a cycle cheap on a deep queue", "Memos" and "Victim
-index". Correctness: tests/test_scheduler_depth.py (the shape and preemption memos, the
-victim index against `may_preempt`, the deciding cycle against the detailed walk of every job).
+index". On 2026-12-04 (`--repeat 3`, two runs each, same session) the burst deciding cycle at
+10k x 512 took 9.4x and 8.0x the plain sort without the start-now shape memo and the
+preemption memo, 7.9x and 6.8x with them; the steady cycle reads `failed_shapes` through the
+deep walk (`_start_below`, plan_deep.py). Correctness: tests/test_scheduler_depth.py (the
+shape and preemption memos, the victim index against `may_preempt`, the deciding cycle
+against the detailed walk of every job).
 
 Part of the planner's cycle (planner.py). It owns, for one cycle:
 - `failed_shapes`: once k GPUs of a type cannot start now for time limit T, no later job with
