@@ -68,7 +68,7 @@ def main() -> None:
     for i, job in enumerate(jobs):
         started = store.start(job.id, "localhost", [(i, inventory[i].uuid)], now)
         assert started is not None
-        service._keep(started)
+        service.state.keep(started)
         env = {**os.environ, "GPUJOBS_FAKE_GPU_USE": str(i), "GPUJOBS_JOB_ID": str(job.id),
                "GPUJOBS_FAKE_MEM_MB": "2000"}
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env))

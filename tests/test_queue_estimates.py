@@ -97,14 +97,14 @@ async def test_a_job_ending_when_an_estimate_is_due_starts_the_next_at_once_and_
 
     await wait_for(lambda: started(running[1]), timeout=10)
     await wait_for(lambda: started(running[0]), timeout=10)
-    engine._estimated_at -= 2 * engine.estimate_interval  # the hour has passed: an estimate is due
-    due_since = engine._estimated_at
+    engine.scheduling.estimated_at -= 2 * engine.estimate_interval  # the hour has passed: an estimate is due
+    due_since = engine.scheduling.estimated_at
     status, _ = await api("DELETE", f"jobs/{running[0]}")
     assert status == 200
     await wait_for(lambda: started(waiting[0]), timeout=10)
 
     async def estimated() -> bool:
-        return engine._estimated_at > due_since
+        return engine.scheduling.estimated_at > due_since
 
     await wait_for(estimated, timeout=5)
     # the estimate that followed gives every job still waiting a start

@@ -110,7 +110,7 @@ async def test_a_learned_weekly_habit_is_proposed_and_accepted(api: Any, engine:
 
 async def test_a_user_accepts_a_proposal_for_themselves_only_within_quota(api: Any, engine: Any,
                                                                          jp_serverapp: Any) -> None:
-    from jupyter_gpujobs.engine.service import PermissionDenied
+    from jupyter_gpujobs.engine.errors import PermissionDenied
 
     monitor = jp_serverapp.web_app.settings["gpujobs_monitor"]
     now = time.time()

@@ -9,7 +9,10 @@ supervisor polling. Every `poll_interval` (and right after a burst of submission
   start (node, GPU indices), the end (exit code, why), and for pending jobs the runner's
   reason and expected start, which the API shows as the queue's reasons and estimates.
 
-It never decides who runs where: that is the runner's (Slurm's).
+It never decides who runs where: that is the runner's (Slurm's). It may call the runner, the
+store and the parts of the engine it is given (`state.EngineState`, `supervision.Supervisors`
+for the launch request and the recording of a result, `events.Events`, the cycle's time-limit
+watch); it does not import the service.
 """
 
 from __future__ import annotations
@@ -25,16 +28,24 @@ from .runners import Exit, LaunchRequest
 from .scheduler.deferral import next_window_start
 
 if TYPE_CHECKING:
+    from .cycle import Cycle
+    from .events import Events
     from .runners.slurm import SlurmRunner, SlurmState
-    from .service import JobService
+    from .state import EngineState
+    from .supervision import Supervisors
 
 log = logging.getLogger("jupyter_gpujobs")
 
 
 class Mirror:
-    def __init__(self, service: JobService, runner: SlurmRunner):
-        self.service = service
+    def __init__(self, state: EngineState, supervisors: Supervisors, events: Events, cycle: Cycle,
+                 runner: SlurmRunner):
+        self.state = state
+        self.supervisors = supervisors
+        self.events = events
+        self.cycle = cycle
         self.runner = runner
+        events.release_external = self.release  # a kernel's end outside Slurm ends its Slurm job
         self.interval = float(getattr(runner, "poll_interval", 1.0))
         self._reasons: dict[int, str] = {}
         self._expected: dict[int, float | None] = {}
@@ -45,29 +56,29 @@ class Mirror:
     def reconcile(self) -> None:
         """After a restart: the handles of every active job (pending ones too: they may be in
         Slurm's queue already)."""
-        s = self.service
+        s = self.state
         pending, running = s.store.active_jobs()
-        s._pending, s._running, s._handles = {}, {}, {}
+        s.pending, s.running, s.handles = {}, {}, {}
         for job in pending + running:
-            s._keep(job)
+            s.keep(job)
             handle = s.store.runner_handle(job.id)
             if handle and handle.get("runner") == self.runner.name:
-                s._handles[job.id] = handle
+                s.handles[job.id] = handle
             elif job.state is JobState.RUNNING:  # started by another runner (c.GPUJobs.runner changed)
-                s._finish(job.id, Exit(job.id, "lost", None, None,
-                                       f"started by the {(handle or {}).get('runner') or 'local'} runner; this "
-                                       f"engine now hands jobs to {self.runner.name}",
-                                       s.clock()))
+                self.supervisors.finish(job.id, Exit(job.id, "lost", None, None,
+                                                     f"started by the {(handle or {}).get('runner') or 'local'} "
+                                                     f"runner; this engine now hands jobs to {self.runner.name}",
+                                                     s.clock()))
 
     async def loop(self) -> None:
-        s = self.service
-        assert s._wake is not None
+        s = self.state
+        assert s.wake_event is not None
         while True:
             try:
-                await asyncio.wait_for(s._wake.wait(), self.interval)
+                await asyncio.wait_for(s.wake_event.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
-            s._wake.clear()
+            s.wake_event.clear()
             try:
                 await self.step()
             except asyncio.CancelledError:
@@ -78,28 +89,28 @@ class Mirror:
     async def step(self) -> None:
         """Submit what is new, then read and apply every job's state."""
         await self.submit_new()
-        s = self.service
-        if not s._handles:
+        s = self.state
+        if not s.handles:
             return
         # warnings before a time limit, and the safety net for a job that overstays it (Slurm
         # rounds limits up to minutes and checks them about every 30 s): as on a local engine
-        s._enforce_limits(list(s._running.values()), s.clock())
-        states = await asyncio.to_thread(self.runner.sync, dict(s._handles))
+        self.cycle.enforce_limits(list(s.running.values()), s.clock())
+        states = await asyncio.to_thread(self.runner.sync, dict(s.handles))
         for job_id, reason in self.apply(states):  # jobs Slurm would keep pending forever
-            handle = s._handles.get(job_id)
+            handle = s.handles.get(job_id)
             if handle is not None:
                 await asyncio.to_thread(self.runner.terminate, job_id, handle, reason)
 
     # ------------------------------------------------------------------ submit
 
     async def submit_new(self) -> None:
-        s = self.service
-        new = sorted((j for j in s._pending.values() if j.id not in s._handles), key=lambda j: j.id)
+        s = self.state
+        new = sorted((j for j in s.pending.values() if j.id not in s.handles), key=lambda j: j.id)
         groups: dict[Any, list[Job]] = {}
         for job in new:
             groups.setdefault(("array", job.array_job_id) if job.array_job_id else job.id, []).append(job)
         for jobs in groups.values():
-            jobs = [j for j in jobs if s._pending.get(j.id) is not None and j.id not in s._handles]
+            jobs = [j for j in jobs if s.pending.get(j.id) is not None and j.id not in s.handles]
             if not jobs:
                 continue
             found = self._dependency(jobs[0])
@@ -108,7 +119,7 @@ class Mirror:
             dependency, cancel = found
             if cancel:
                 for job in jobs:
-                    s._set_state(job.id, JobState.CANCELLED, "scheduler", cancel, expect=(JobState.PENDING,))
+                    self.events.set_state(job.id, JobState.CANCELLED, "scheduler", cancel, expect=(JobState.PENDING,))
                 continue
             requests = [self._request(job) for job in jobs]
             try:
@@ -116,33 +127,33 @@ class Mirror:
                                                   self._begin(jobs[0]))
             except Exception as err:
                 for job in jobs:
-                    s._set_state(job.id, JobState.FAILED, "runner", f"Slurm refused the job: {err}",
-                                 expect=(JobState.PENDING,))
+                    self.events.set_state(job.id, JobState.FAILED, "runner", f"Slurm refused the job: {err}",
+                                          expect=(JobState.PENDING,))
                 continue
             for job, handle in zip(jobs, handles):
-                if s._pending.get(job.id) is None:  # cancelled while sbatch ran
+                if s.pending.get(job.id) is None:  # cancelled while sbatch ran
                     await asyncio.to_thread(self.runner.terminate, job.id, handle, "cancelled")
                     continue
                 s.store.update_job(job.id, runner_handle=handle, log_path=handle["log_path"])
-                s._handles[job.id] = handle
+                s.handles[job.id] = handle
                 s.store.add_event(job.id, "SUBMITTED", "runner", f"submitted to Slurm as job {handle['slurm_id']}",
                                   s.clock(), data={"slurm_id": handle["slurm_id"]})
                 self._reasons[job.id] = f"submitted to Slurm as job {handle['slurm_id']}"
 
     def _request(self, job: Job) -> LaunchRequest:
         """What to run, as the engine would start it here (Slurm picks the GPUs)."""
-        s = self.service
-        return s._launch_request(job, [], str(s.state_dir / "logs" / f"job-{job.id}.log"))
+        s = self.state
+        return self.supervisors.launch_request(job, [], str(s.state_dir / "logs" / f"job-{job.id}.log"))
 
     def _dependency(self, job: Job) -> tuple[str, str] | None:
         """(sbatch --dependency value, reason to cancel the job instead or ''); None while a
         dependency is active but not handed to Slurm yet."""
-        s = self.service
+        s = self.state
         parts: list[str] = []
-        ended = [d.job_id for d in job.depends if d.job_id not in s._handles]
+        ended = [d.job_id for d in job.depends if d.job_id not in s.handles]
         finished = s.store.final_states(ended) if ended else {}
         for dep in job.depends:
-            handle = s._handles.get(dep.job_id)
+            handle = s.handles.get(dep.job_id)
             if handle is not None:
                 parts.append(f"{'afterok' if dep.kind == 'afterok' else 'afterany'}:{handle['slurm_id']}")
                 continue
@@ -158,8 +169,8 @@ class Mirror:
     def _begin(self, job: Job) -> float | None:
         begin = job.begin
         if job.offpeak:
-            policy = self.service.policy
-            now = self.service.clock()
+            policy = self.state.policy
+            now = self.state.clock()
             local = next_window_start(now + policy.utc_offset_s, policy.offpeak_windows)
             if local is not None:
                 begin = max(begin or 0.0, local - policy.utc_offset_s)
@@ -170,37 +181,37 @@ class Mirror:
     def apply(self, states: Sequence[SlurmState]) -> list[tuple[int, str]]:
         """Record what Slurm says; returns the jobs to cancel (job id, reason): those whose
         dependency can never be met, which Slurm would keep pending forever."""
-        s = self.service
+        s = self.state
         cancel: list[tuple[int, str]] = []
         # ends first: a GPU that one job gave back may already be another's in the same reading
         for st in sorted(states, key=lambda st: st.state != "ENDED"):
             job = s.active_job(st.job_id)
             if job is None:
-                s._handles.pop(st.job_id, None)
+                s.handles.pop(st.job_id, None)
                 continue
             if st.state == "PENDING":
                 self._reasons[job.id] = st.reason
                 self._expected[job.id] = st.expected_start
-                if st.code == "DependencyNeverSatisfied" and job.id not in s._terminating:
-                    s._terminating.add(job.id)
+                if st.code == "DependencyNeverSatisfied" and job.id not in s.terminating:
+                    s.terminating.add(job.id)
                     deps = ", ".join(f"{d.kind}:{d.job_id}" for d in job.depends)
                     cancel.append((job.id, f"cancelled: its dependency ({deps}) can never be satisfied"))
                 if job.state is JobState.RUNNING:  # requeued by Slurm (preempted, node failure)
-                    s._set_state(job.id, JobState.PENDING, "runner", f"requeued by Slurm: {st.reason}",
-                                 started_at=None, host=None, assigned_gpus=(), restarts=job.restarts + 1)
+                    self.events.set_state(job.id, JobState.PENDING, "runner", f"requeued by Slurm: {st.reason}",
+                                          started_at=None, host=None, assigned_gpus=(), restarts=job.restarts + 1)
                 continue
             if job.state is JobState.PENDING and (st.state == "RUNNING" or st.started_at):
                 self._started(job, st)
             if st.state == "ENDED" and st.exit is not None:
                 self._reasons.pop(job.id, None)
                 self._expected.pop(job.id, None)
-                s._finish(job.id, st.exit)
+                self.supervisors.finish(job.id, st.exit)
         self.synced_at = time.time()
         self._publish_queue()
         return cancel
 
     def _started(self, job: Job, st: SlurmState) -> None:
-        s = self.service
+        s = self.state
         node = st.node or "?"
         where = f"{node}, GPU {','.join(map(str, st.gpus))}" if st.gpus else node
         reason = f"started by Slurm on {where} (Slurm job {st.slurm_id})"
@@ -213,37 +224,35 @@ class Mirror:
             started = s.store.start(job.id, node, [], at, actor="runner", reason=reason)
         if started is None:
             return
-        s._keep(started)
+        s.keep(started)
         self._reasons.pop(job.id, None)
         self._expected.pop(job.id, None)
-        s._publish(started, {"job_id": job.id, "time": at, "state": "RUNNING", "actor": "runner",
-                             "reason": reason})
+        self.events.publish(started, {"job_id": job.id, "time": at, "state": "RUNNING", "actor": "runner",
+                                      "reason": reason})
 
     def _publish_queue(self) -> None:
         """The pending jobs' reasons and expected starts as the view and queue read them."""
-        s = self.service
-        pending = s._pending
+        s = self.state
+        pending = s.pending
         order = sorted(pending, key=lambda i: (self._expected.get(i) or float("inf"), i))
-        s._plan = Plan(order=order, reasons=Reasons({i: r for i, r in self._reasons.items() if i in pending}),
-                       expected_start={i: self._expected.get(i) for i in pending})
-        s._waiting = order
-        s._positions = None
+        s.set_queue(Plan(order=order, reasons=Reasons({i: r for i, r in self._reasons.items() if i in pending}),
+                         expected_start={i: self._expected.get(i) for i in pending}), order)
 
     # ------------------------------------------------------------------ commands
 
     async def cancel(self, job: Job, user: str, wait_s: float) -> Job:
-        s = self.service
+        s = self.state
         reason = f"cancelled by {user}"
-        handle = s._handles.get(job.id)
+        handle = s.handles.get(job.id)
         if handle is not None:
             await asyncio.to_thread(self.runner.terminate, job.id, handle, reason)
         if job.state is JobState.PENDING:
             # Slurm drops a pending job at once; the engine records it now
-            return s._set_state(job.id, JobState.CANCELLED, user, reason,
-                                expect=(JobState.PENDING,)) or s.get(job.id)
+            return self.events.set_state(job.id, JobState.CANCELLED, user, reason,
+                                         expect=(JobState.PENDING,)) or s.get(job.id)
         s.store.add_event(job.id, "STOPPING", "engine", f"stopping: {reason}", s.clock())
         s.wake()
-        return await s.wait_ended(job.id, wait_s)
+        return await self.events.wait_ended(job.id, wait_s)
 
     def release(self, job: Job, handle: dict[str, Any] | None, state: JobState, reason: str) -> None:
         """A GPU kernel's job ended outside Slurm (shut down, idle, time limit, server gone):
@@ -263,10 +272,10 @@ class Mirror:
 
     def gpu_views(self, inventory: list[GPU]) -> list[dict[str, Any]]:
         """Every node's GPUs with who holds each: a job of this engine, or another Slurm job."""
-        s = self.service
+        s = self.state
         ours: dict[str, Job] = {}
-        for job_id, handle in s._handles.items():
-            job = s._running.get(job_id)
+        for job_id, handle in s.handles.items():
+            job = s.running.get(job_id)
             if job is not None:
                 ours[str(handle.get("slurm_id"))] = job
         holders = self.runner.gpu_holders()

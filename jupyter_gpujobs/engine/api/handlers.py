@@ -24,9 +24,10 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
+from ..errors import Conflict, NotFound, PermissionDenied, StoreUnavailable
 from ..monitor import may_see
 from ..notify import Notifier
-from ..service import Conflict, JobService, NotFound, PermissionDenied, StoreUnavailable
+from ..service import JobService
 from .identity import peer_pid
 
 AUTH_RESOURCE = "gpujobs"

@@ -1,0 +1,181 @@
+"""Who may do and see what, and the views of jobs and of the queue the API shows.
+
+Owns the rules of access (admins, owners, `c.GPUJobs.private_data` with `may_see`,
+`check_owner`, `get_private`, `redact`), where a user's relative paths start (`root_for`),
+and the read side of the queue: a job's view with its position, reason and expected start,
+and the pages of the queue in scheduling order. It holds no state of its own: it reads the
+active jobs and the last plan from `state.EngineState`, and may call the store (read only)
+and the Unix user database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ..model import Job, JobState
+from .errors import PermissionDenied
+from .runners.users import NotAUnixUser, in_group, run_as
+from .state import EngineState
+
+
+class Access:
+    def __init__(self, state: EngineState):
+        self.state = state
+
+    # ------------------------------------------------------------------ who
+
+    def is_admin(self, user: str) -> bool:
+        s = self.state
+        if user in s.admin_users:
+            return True
+        if s.admin_group is None:
+            return False
+        return user == "root" or in_group(user, s.admin_group)
+
+    def member(self, user: str, group: str) -> bool:
+        if user in self.state.group_members.get(group, ()):
+            return True
+        return in_group(user, group)
+
+    def may_see(self, job: Job | dict[str, Any], viewer: str | None) -> bool:
+        """Whether `viewer` may see a job's private data (command, cwd, environment, payload,
+        log, events detail, stats): its owner and admins always, others only when the engine
+        does not keep jobs private (`c.GPUJobs.private_data`). None: the engine itself."""
+        owner = job["user"] if isinstance(job, dict) else job.user
+        return viewer is None or not self.state.private_data or viewer == owner or self.is_admin(viewer)
+
+    def check_owner(self, job: Job, user: str) -> None:
+        if job.user != user and not self.is_admin(user):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; only they or an admin may change it")
+
+    def get_private(self, job_id: int, viewer: str | None) -> Job:
+        """A job whose private data (log, events, stats) `viewer` may see; PermissionDenied
+        when it is another's and private (see `may_see`)."""
+        job = self.state.get(job_id)
+        if not self.may_see(job, viewer):
+            raise PermissionDenied(f"job {job.id} belongs to {job.user}; its details are private "
+                                   "(only its owner and admins see them)")
+        return job
+
+    def events(self, job_id: int, viewer: str | None = None) -> list[dict[str, Any]]:
+        """A job's events, oldest first, to a `viewer` who may see them."""
+        self.get_private(job_id, viewer)
+        return self.state.store.events(job_id=job_id)
+
+    def root_for(self, user: str) -> Path:
+        """Where a user's relative paths start: the server's root dir, or on an engine that runs
+        jobs as their owners, the owner's home."""
+        try:
+            unix_user = run_as(user, self.state.run_as_owner)
+        except NotAUnixUser:
+            return self.state.root_dir
+        if unix_user is not None:
+            import pwd
+
+            return Path(pwd.getpwnam(unix_user).pw_dir)
+        return self.state.root_dir
+
+    # ------------------------------------------------------------------ views of jobs
+
+    def view(self, job: Job, viewer: str | None = None) -> dict[str, Any]:
+        """A job as the API shows it (with its queue position, reason and expected start).
+        A stored copy of an active job is shown as the engine knows it now. To a `viewer` who
+        may not see its private data, only its queue view (`redact`)."""
+        out = self._view(job)
+        return out if self.may_see(job, viewer) else redact(out)
+
+    def _view(self, job: Job) -> dict[str, Any]:
+        s = self.state
+        job = s.active_job(job.id) or job
+        reason = job.reason
+        position = None
+        expected = None
+        kind = None
+        if job.state is JobState.PENDING:
+            if s.positions is None:
+                s.positions = {jid: i + 1 for i, jid in enumerate(s.waiting)}
+            position = s.positions.get(job.id)
+            reason = s.plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
+            plan = s.plan
+            if job.id in plan.expected_start:
+                expected, predicted = plan.expected_start[job.id], job.id in plan.predicted
+            else:
+                expected, predicted = s.estimates.get(job.id), job.id in s.estimates_predicted
+            if expected is not None:  # a prediction from runtimes, or a bound from time limits
+                kind = "prediction" if predicted else "bound"
+        ends_at, warn_at = s.limit_times(job) if job.state is JobState.RUNNING else (None, None)
+        out = {
+            "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
+            "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
+            "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
+            "signal": job.signal, "reason": reason, "position": position, "expected_start": expected,
+            "expected_start_kind": kind,
+            "priority": job.priority, "group": job.group, "preemptible": job.preemptible,
+            "borrowed": job.borrowed, "command": job.command, "cwd": job.cwd, "payload": job.payload,
+            "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
+            "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
+            "restarts": job.restarts, "output_notebook": job.payload.get("output"),
+            "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
+            "share": job.share, "gpu_memory": job.gpu_memory,
+        }
+        return out
+
+    # ------------------------------------------------------------------ the queue
+
+    def _in_queue_order(self) -> Iterator[Job]:
+        """Pending jobs in scheduling order, the jobs no cycle has placed yet last (by id).
+        Lazy: a page of the head of a 10k-job queue, polled by many clients, reads a page."""
+        pending = self.state.pending
+        placed = 0
+        for jid in self.state.plan.order:
+            job = pending.get(jid)
+            if job is not None:
+                placed += 1
+                yield job
+        if placed < len(pending):
+            ordered = set(self.state.plan.order)
+            for jid in sorted(jid for jid in pending if jid not in ordered):
+                yield pending[jid]
+
+    def queue(self) -> list[Job]:
+        """Pending jobs in scheduling order (jobs not yet seen by a cycle last)."""
+        return list(self._in_queue_order())
+
+    def queue_state(self) -> tuple[Any, ...]:
+        """What the pages of the queue depend on, cheap to compare: the last plan (compare it by
+        identity), how many jobs wait and the newest of them, how many run. While it is the
+        same, so is every `queue_page`."""
+        s = self.state
+        return s.plan, len(s.pending), next(reversed(s.pending), None), len(s.running)
+
+    def queue_page(self, offset: int, limit: int, user: str | None = None) -> tuple[list[Job], int]:
+        """Jobs `offset` to `offset + limit` of `queue()` (of `user`'s jobs only, when given)
+        and how many there are in all."""
+        if user is None:
+            total = len(self.state.pending)
+            if offset >= total:  # (also keeps islice's bounds within sys.maxsize for any offset)
+                return [], total
+            return list(islice(self._in_queue_order(), offset, min(offset + limit, total))), total
+        mine = [job for job in self._in_queue_order() if job.user == user]
+        return mine[offset:offset + limit], len(mine)
+
+
+#: What anyone may see of any job: the queue view (Slurm's PrivateData=jobs).
+PUBLIC_FIELDS = frozenset({
+    "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
+    "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "expected_start_kind", "priority",
+    "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
+    "ends_at", "warn_at", "share", "gpu_memory",
+})
+
+
+def redact(view: dict[str, Any]) -> dict[str, Any]:
+    """A job view without its private data: the other fields are None, and `private` is true."""
+    out: dict[str, Any] = {k: (v if k in PUBLIC_FIELDS else None) for k, v in view.items()}
+    out["depends"] = []
+    out["private"] = True
+    return out

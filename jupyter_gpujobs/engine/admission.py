@@ -1,0 +1,234 @@
+"""Admission: a submission checked, stored and made an active job (request -> store).
+
+Owns the checks of a submission beyond its own fields (`validated`: the user's group, the
+quotas that would never let it start, dependencies, the working directory and the Unix user
+it runs as, limits this machine can enforce, a notebook's payload), the group commit of the
+submissions of one event-loop turn (`submit`, `store_submissions`) and the burst timer that
+gives a burst of submissions one scheduling cycle once it pauses.
+
+It may call the store, `access.Access` (where a user's paths start), `inventory.Inventory`
+(the GPUs, the limits enforceable), `rules.Rules` (the policy in force), `events.Events`
+(the submission's publication), the notebook helpers and `state.EngineState.wake`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import replace
+from typing import Any
+
+from ..model import InvalidInput, Job, validate_submission
+from .access import Access
+from .events import Events
+from .inventory import Inventory
+from .rules import Rules
+from .runners.users import NotAUnixUser, can_enter, run_as
+from .scheduler.quotas import Quotas
+from .state import EXTERNAL_KINDS, EngineState
+from .store import NewJobs, StoreUnavailable
+
+log = logging.getLogger("jupyter_gpujobs")
+
+
+class Admission:
+    #: A burst of submissions gets one scheduling cycle once it pauses this long (seconds) ...
+    SUBMIT_SETTLE_S = 0.02
+    #: ... or this long after its first submission, whichever comes first.
+    SUBMIT_MAX_DELAY_S = 0.5
+
+    def __init__(self, state: EngineState, access: Access, inventory: Inventory, rules: Rules, events: Events):
+        self.state = state
+        self.access = access
+        self.inventory = inventory
+        self.rules = rules
+        self.events = events
+        self.submissions: list[tuple[NewJobs, asyncio.Future[list[Job]]]] = []  # to commit this turn
+        self.burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
+        self.burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
+        self.last_submit_at = 0.0
+
+    async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
+        """Validate and store a submission; returns the new job(s) (several for an array)
+        once they are committed.
+
+        Submissions that arrive in the same event-loop turn are committed together (group
+        commit): validated one by one here, so a bad one fails alone with its InvalidInput,
+        then inserted in one transaction by `store_submissions`.
+        """
+        new = self.validated(user, body)
+        future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
+        if not self.submissions:
+            asyncio.get_running_loop().call_soon(self.store_submissions)
+        self.submissions.append((new, future))
+        return await future
+
+    def validated(self, user: str, body: dict[str, Any]) -> NewJobs:
+        """A submission checked and turned into the rows to store; raises InvalidInput."""
+        s = self.state
+        now = s.clock()
+        inventory = self.inventory.inventory
+        fields = validate_submission(body, inventory, s.policy, now)
+        if s.mirrored and fields["kind"] in EXTERNAL_KINDS and not fields["command"]:
+            raise InvalidInput("command", "a GPU kernel under the Slurm runner runs as a Slurm job and needs "
+                                          "its launch command (the GPU kernel provisioner gives it)")
+        group = fields["group"]
+        if group and s.group_members and user not in s.group_members.get(group, []):
+            raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
+        never = Quotas(self.rules.current_policy()).never_starts(
+            user, group, fields["gpus"], fields["time_limit_s"], fields["priority"] == "urgent",
+            len(self.inventory.inventory))
+        if never is not None:
+            raise InvalidInput(*never)
+        for dep in fields["depends"]:
+            if s.active_job(dep.job_id) is None and s.store.get(dep.job_id) is None:
+                raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
+        root = self.access.root_for(user)
+        fields["cwd"] = _resolve_cwd(fields["cwd"], str(root))
+        try:
+            unix_user = run_as(user, s.run_as_owner)
+        except NotAUnixUser as err:
+            raise InvalidInput("user", str(err)) from None
+        if unix_user is not None and not s.runner.runs_as_owner:
+            raise InvalidInput("user", f"this engine runs as {_engine_user()} and its {s.runner.name} runner "
+                                       f"would run the job as {_engine_user()}, not as {unix_user}: run the engine "
+                                       "as the account that submits to the cluster (docs/slurm.md)")
+        if unix_user is not None and not can_enter(fields["cwd"], unix_user):
+            raise InvalidInput("cwd", f"cwd {fields['cwd']} is not accessible to {unix_user}")
+        if not os.path.isdir(fields["cwd"]):
+            raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
+        memory_ok, cpu_ok = self.inventory.limits_enforceable()
+        for key, ok, what in (("mem_bytes", memory_ok, "mem"), ("cpus", cpu_ok, "cpus")):
+            if fields.get(key) is not None and not ok:
+                raise InvalidInput(what, f"this machine cannot enforce a --{what} limit ({self.inventory.isolation})")
+        if fields["kind"] == "notebook":
+            from ..notebook.notebooks import check_notebook_payload
+
+            fields["payload"] = check_notebook_payload(fields["payload"], root)
+        array = fields.pop("array")
+        limit = fields.pop("array_max_running")
+        base = {**fields, "user": user}
+        if not array:
+            return NewJobs([base], actor=user, now=now)
+        return NewJobs([{**base, "array_index": i, "array_max_running": limit} for i in array],
+                       actor=user, now=now, array=True)
+
+    def store_submissions(self) -> None:
+        """Commit the submissions that arrived since the last call (one event-loop turn) in
+        one transaction, then answer each with its own jobs or its own error."""
+        batch, self.submissions = self.submissions, []
+        if not batch:
+            return
+        for (new, future), outcome in zip(batch, self._insert([new for new, _ in batch])):
+            if not isinstance(outcome, Exception):
+                try:
+                    outcome = self._accepted(outcome, new)
+                except Exception as err:
+                    outcome = err
+            if future.done():  # its request went away; its jobs are stored all the same
+                continue
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        self._wake_after_burst()
+
+    def _insert(self, batch: list[NewJobs]) -> list[list[Job] | Exception]:
+        """All in one transaction; if that fails, each on its own, so that one bad submission
+        costs only itself."""
+        store = self.state.store
+        try:
+            outcomes: list[list[Job] | Exception] = list(store.add_submissions(batch))
+            self.state.store_ok()
+            return outcomes
+        except StoreUnavailable as err:  # each alone would fail the same way
+            self.state.note_store_trouble(err)
+            return [err for _ in batch]
+        except Exception as err:
+            if len(batch) == 1:
+                return [err]
+            log.warning("gpujobs: storing %d submissions together failed (%s); storing them one by one",
+                        len(batch), err)
+        outcomes = []
+        for new in batch:
+            try:
+                outcomes.append(store.add_submissions([new])[0])
+            except Exception as err:
+                outcomes.append(err)
+        return outcomes
+
+    def _accepted(self, jobs: list[Job], new: NewJobs) -> list[Job]:
+        """Stored jobs join the engine's active set and are announced."""
+        s = self.state
+        if jobs and jobs[0].kind == "notebook":
+            from ..notebook.notebooks import notebook_command
+
+            for i, job in enumerate(jobs):
+                command, payload = notebook_command(job, self.access.root_for(job.user), s.job_python or None)
+                s.store.update_job(job.id, command=command, payload=payload)
+                jobs[i] = replace(job, command=command, payload=payload)
+        for job in jobs:
+            s.keep(job)
+            self.events.publish(job, {"job_id": job.id, "time": new.now, "state": "PENDING", "actor": new.actor,
+                                      "reason": "submitted"})
+        return jobs
+
+    # ------------------------------------------------------------------ the cycle after a burst
+
+    def _wake_after_burst(self) -> None:
+        """Submissions were stored: one cycle after their burst, not one per submission. The
+        cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
+        after the first submission that no cycle has seen yet."""
+        loop = asyncio.get_running_loop()
+        self.last_submit_at = loop.time()
+        if self.burst_timer is None:
+            self.burst_started_at = self.last_submit_at
+            self.burst_timer = loop.call_later(self.SUBMIT_SETTLE_S, self._burst_check)
+
+    def _burst_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = min(self.last_submit_at + self.SUBMIT_SETTLE_S, self.burst_started_at + self.SUBMIT_MAX_DELAY_S)
+        if loop.time() < due:
+            self.burst_timer = loop.call_at(due, self._burst_check)
+            return
+        self.burst_timer = None
+        self.state.wake()
+
+    def seen_by_cycle(self) -> None:
+        """A cycle starts: it sees every submission stored so far (no cycle for the burst)."""
+        if self.burst_timer is not None:
+            self.burst_timer.cancel()
+            self.burst_timer = None
+
+
+def _resolve_cwd(value: str | None, root_dir: str) -> str:
+    """The working directory of a job as an absolute, normalised path.
+
+    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it
+    (after `..` and symbolic links are followed), as the Jupyter file browser does. An absolute
+    cwd is the user saying where they are (the CLI sends the shell's directory): it is accepted,
+    normalised, because the job runs as its owner, who may enter it or not (the service checks
+    that, and that it exists)."""
+    root = os.path.abspath(root_dir)
+    if value is None or value == "":
+        return root
+    if os.path.isabs(value):
+        path = os.path.normpath(value)
+    else:
+        path = os.path.normpath(os.path.join(root, value))
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(path)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise InvalidInput("cwd", f"{repr(value[:200])} leads outside the server's root directory; give a path "
+                                      "inside it, or an absolute path")
+    return path
+
+
+def _engine_user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"

@@ -1,0 +1,111 @@
+"""Job events: the one writer of a job's state changes, and their publication.
+
+Owns
+- `set_state`: every change of a job's state after its submission goes through here (the
+  store's transition, then the active jobs in `state.EngineState`, the bookkeeping the job
+  carried, the cycle's wake-up and the publication), except the start, which the supervisor
+  records with its run (`Supervisors.launch`);
+- the listeners (`subscribe`, `publish`, `broadcast`, `job_message_for`): the events
+  websockets, the monitor and the notifier;
+- the callers waiting for a job to end (`wait_ended`).
+
+It may call the store, the runner (to release a confined kernel's cgroup), `access.Access`
+(the view a publication carries) and `release_external`, the mirror's hook that ends a
+kernel's Slurm job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..model import Job, JobState
+from .access import Access, redact
+from .state import EXTERNAL_KINDS, EngineState
+
+log = logging.getLogger("jupyter_gpujobs")
+
+Listener = Callable[[dict[str, Any]], None]
+#: (job, its runner handle, final state, reason): a kernel under Slurm ended outside Slurm.
+ReleaseExternal = Callable[[Job, dict[str, Any] | None, JobState, str], None]
+
+
+class Events:
+    def __init__(self, state: EngineState, access: Access):
+        self.state = state
+        self.access = access
+        self.listeners: set[Listener] = set()
+        self.ended_waiters: dict[int, list[asyncio.Future[Job]]] = {}
+        self.release_external: ReleaseExternal | None = None  # set by the mirror
+
+    # ------------------------------------------------------------------ state changes
+
+    def set_state(self, job_id: int, state: JobState, actor: str, reason: str,
+                  expect: tuple[JobState, ...] | None = None, data: dict[str, Any] | None = None,
+                  **fields: Any) -> Job | None:
+        s = self.state
+        now = s.clock()
+        if state.is_final:
+            fields.setdefault("ended_at", now)
+        job = s.store.transition(job_id, state, actor, reason, now, expect=expect, data=data, **fields)
+        if job is None:
+            return None
+        if state.is_final:
+            if self.release_external is not None and job.kind in EXTERNAL_KINDS and actor != "runner":
+                # a kernel under Slurm ended by its provisioner or the engine: end its Slurm job too
+                self.release_external(job, s.handles.get(job_id), state, reason)
+            adopted = s.ended(job_id)
+            if adopted is not None:
+                s.runner.release_adopted(adopted)
+            for fut in self.ended_waiters.pop(job_id, []):
+                if not fut.done():
+                    fut.set_result(job)
+        else:
+            s.keep(job)
+        # the cycle first: tasks run in the order they were woken, and the listeners woken by
+        # the publication (the monitor's diagnosis of an ended job, ...) can wait; a freed GPU can't
+        s.wake()
+        self.publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
+                           "reason": reason, "data": data or {}})
+        return job
+
+    async def wait_ended(self, job_id: int, timeout: float) -> Job:
+        job = self.state.get(job_id)
+        if job.state.is_final:
+            return job
+        fut: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self.ended_waiters.setdefault(job_id, []).append(fut)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            return self.state.get(job_id)
+
+    # ------------------------------------------------------------------ listeners
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self.listeners.add(listener)
+        return lambda: self.listeners.discard(listener)
+
+    def publish(self, job: Job, event: dict[str, Any]) -> None:
+        if not self.listeners:
+            return
+        self.broadcast({"type": "job", "job": self.access.view(job), "event": event})
+
+    def job_message_for(self, message: dict[str, Any], viewer: str | None) -> dict[str, Any]:
+        """A `{"type": "job"}` broadcast as `viewer` may see it: another's private job as its
+        queue view (`redact`), its event without its data."""
+        if self.access.may_see(message["job"], viewer):
+            return message
+        event = {k: message["event"].get(k) for k in ("job_id", "time", "state", "actor", "reason")}
+        return {**message, "job": redact(message["job"]), "event": {**event, "data": {}}}
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        """Hand a message (`{"type": ...}`) to every listener: the events websockets, which
+        decide who may see it, and the monitor. The monitor's findings go out this way."""
+        for listener in list(self.listeners):
+            try:
+                listener(message)
+            except Exception:
+                log.exception("gpujobs: event listener failed")
