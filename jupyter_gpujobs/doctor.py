@@ -152,6 +152,43 @@ def foreign_rows(gpus: list[dict[str, Any]]) -> list[Check]:
     return rows
 
 
+#: /proc mount options that hide other users' processes (their command lines) from `ps`
+HIDEPID_ON = ("1", "2", "4", "noaccess", "invisible", "ptraceable")
+
+
+def proc_mount_options(mounts: str = "/proc/mounts") -> dict[str, str] | None:
+    """The options of the proc file system mounted on /proc ({"hidepid": "2", ...}); None
+    where there is none (not Linux)."""
+    try:
+        with open(mounts) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):  # the last mount on /proc is the one in force
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "/proc" and parts[2] == "proc":
+            return dict((o.split("=", 1) + [""])[:2] for o in parts[3].split(","))
+    return None
+
+
+def check_hidepid(ctx: Context) -> list[Check]:
+    """Do users see each other's command lines (`ps`)? Hidden only when the host mounts /proc
+    with hidepid, which the engine cannot do (docs/security.md)."""
+    options = proc_mount_options()
+    if options is None:
+        return []
+    value = options.get("hidepid", "0")
+    if value in HIDEPID_ON:
+        return [Check("/proc", OK, f"mounted with hidepid={value}: users do not see each other's processes")]
+    shared = str(getattr(ctx.client, "url", "") or "").startswith("unix")
+    found = "mounted without hidepid: every user sees everyone's command lines with `ps`"
+    todo = ("as root: mount -o remount,hidepid=invisible,gid=ADMIN_GROUP /proc, and the same options in "
+            "/etc/fstab (docs/security.md)")
+    if shared:
+        return [Check("/proc", WARN, found, todo)]
+    return [Check("/proc", OK, found + " (one user's machine: fine; on a shared one, see docs/security.md)")]
+
+
 def check_store(ctx: Context) -> list[Check]:
     store = ctx.info.get("store")
     if ctx.client is None or not isinstance(store, dict):
@@ -215,7 +252,7 @@ def check_kernelspecs(ctx: Context) -> list[Check]:
 
 #: The checks, in the order they are shown. Add one by appending a function Context -> [Check].
 CHECKS: list[Callable[[Context], list[Check]]] = [
-    check_command, check_engine, check_gpus, check_store, check_lab_extension, check_kernelspecs,
+    check_command, check_engine, check_gpus, check_hidepid, check_store, check_lab_extension, check_kernelspecs,
 ]
 
 

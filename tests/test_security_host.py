@@ -10,7 +10,8 @@ state dir and claim dir; issue 34, part 1):
 - a variable of the engine's environment (a fake secret) is not in a job's;
 - two users' jobs do not see each other's /tmp or /dev/shm, and a job's /tmp goes with it;
 - a job writing far past the log cap leaves a log of bounded size: its head, its newest
-  output and a line saying what was cut.
+  output and a line saying what was cut;
+- `jupyter gpujobs doctor` says whether /proc hides other users' processes (hidepid).
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from typing import Any
 import pytest
 from team import USER_PYTHON, USERS, Team, as_user, missing
 
+from jupyter_gpujobs.doctor import OK, WARN, Context, check_hidepid, proc_mount_options
 from jupyter_gpujobs.engine.gpus import FakeBackend
 from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.model import parse_fake_gpus
 
-pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())), pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
+needs_team = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 U1, U2 = USERS
 SECRET_NAME = "SMTP_PASSWORD_OF_THE_ENGINE"
 LOG_CAP = 65536
@@ -148,6 +151,7 @@ def can_open(team: Team, user: str, path: Path, mode: str) -> str:
     return str(team.run_as(user, code))
 
 
+@needs_team
 def test_state_dir_and_store_are_private_and_an_old_install_is_repaired(team: PlantedTeam) -> None:
     state = team.base / "engine"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
@@ -161,6 +165,7 @@ def test_state_dir_and_store_are_private_and_an_old_install_is_repaired(team: Pl
     assert f"{state / 'gpujobs.sqlite'} (was 0644) was readable by other users" in log
 
 
+@needs_team
 def test_claims_cannot_be_taken_spoofed_or_blocked_by_a_user(team: PlantedTeam) -> None:
     log = team.engine_log.read_text()
     assert "NOT claimed" not in log and "/spoofed" not in log, log[-3000:]
@@ -181,6 +186,7 @@ def test_claims_cannot_be_taken_spoofed_or_blocked_by_a_user(team: PlantedTeam) 
     assert can_open(team, U1, claims / "planted.lock", "wb") == "PermissionError"
 
 
+@needs_team
 def test_a_job_gets_no_variable_of_the_engine_environment(team: PlantedTeam) -> None:
     job_id = submit(team, U1, "env; echo END", env={"MY_OWN": "kept"})
     assert wait_job(team, job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
@@ -190,6 +196,7 @@ def test_a_job_gets_no_variable_of_the_engine_environment(team: PlantedTeam) -> 
     assert "MY_OWN=kept" in env and "PATH=" in env and f"HOME={pwd.getpwnam(U1).pw_dir}" in env
 
 
+@needs_team
 def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
     first = submit(team, U1, "echo u1 > /tmp/left-by-u1 && echo u1 > /dev/shm/left-by-u1 && echo written "
                              "&& sleep 100")
@@ -212,6 +219,7 @@ def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
         assert "private /tmp and /dev/shm per job" in c.get("gpus").json().get("isolation", "")
 
 
+@needs_team
 def test_a_log_past_its_cap_keeps_head_and_tail(team: PlantedTeam) -> None:
     lines = 100_000  # about 6 MB
     job_id = submit(team, U1, f"seq -f 'line %07g {'x' * 48}' 1 {lines}")
@@ -226,3 +234,24 @@ def test_a_log_past_its_cap_keeps_head_and_tail(team: PlantedTeam) -> None:
     written = lines * len(f"line 0000001 {'x' * 48}\n")
     kept = len(data) - len(text.split("[gpujobs: ")[1].split("]\n")[0]) - len("\n[gpujobs: ]\n")
     assert cut + kept == written, (cut, kept, written)
+
+
+def test_doctor_reads_hidepid_from_the_proc_mount(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("sysfs /sys sysfs rw 0 0\nproc /proc proc rw,nosuid,relatime 0 0\n"
+                      "proc /proc proc rw,relatime,hidepid=invisible,gid=27 0 0\n")
+    assert proc_mount_options(str(mounts)) == {"rw": "", "relatime": "", "hidepid": "invisible", "gid": "27"}
+    mounts.write_text("proc /proc proc rw,nosuid,relatime 0 0\n")
+    assert "hidepid" not in (proc_mount_options(str(mounts)) or {})
+    # this machine's own /proc: the row says what is in force, a warning only against a shared engine
+    on_host = (proc_mount_options() or {}).get("hidepid", "0")
+    rows = check_hidepid(Context(url=None, token=None))
+    assert len(rows) == 1 and rows[0].status == OK
+    assert (f"hidepid={on_host}" if on_host not in ("0", "off") else "without hidepid") in rows[0].found
+
+    class Shared:
+        url = "unix:///run/jupyter-gpujobs/engine.sock"
+
+    shared = check_hidepid(Context(url=None, token=None, client=Shared()))  # type: ignore[arg-type]
+    if "without hidepid" in shared[0].found:
+        assert shared[0].status == WARN and "hidepid=invisible" in shared[0].todo
