@@ -361,6 +361,11 @@ class GPUJobs(Configurable):
                                      "'chat.example.org'] ('*.example.org': its subdomains); empty: any. A "
                                      "webhook URL is the user's choice: restrict it where the engine can reach "
                                      "internal services its users cannot.")
+    notify_private_webhooks = Bool(False, config=True,
+                                   help="Let users' webhooks post to loopback, private, link-local and other "
+                                        "non-public addresses. Off: such a webhook is refused (when it is set, "
+                                        "and when its host's name resolves to such an address at delivery), "
+                                        "unless its host is named in notify_webhook_hosts.")
     notify_email_domains = List(Unicode(), config=True,
                                 help="Mail domains users' notification addresses may be in, e.g. "
                                      "['example.org']; empty: any.")

@@ -114,6 +114,7 @@ def _clients(server: Any) -> dict[str, GPUJobsClient]:
 def test_each_user_is_told_of_their_own_jobs_once_and_admins_of_findings(
         live_server: Any, mailbox: Mailbox, receiver: Receiver) -> None:
     server = live_server(users=USERS, config={
+        "notify_private_webhooks": True,  # the receivers listen on loopback
         "admin_users": "admin", "notify_smtp_host": "127.0.0.1", "notify_smtp_port": mailbox.port,
         "notify_admin_emails": "ops@example.org", "notify_admin_webhooks": receiver.url("/admins"),
         "notify_timeout": 5, "failure_streak": 2})
@@ -262,7 +263,7 @@ def _magic_as(server: Any, token: str, line: str, expect: str) -> None:
 
 def test_a_receiver_that_is_down_is_retried_and_logged_once(live_server: Any) -> None:
     port = free_port()  # nothing listens there yet: connection refused
-    server = live_server(users=USERS, config={"notify_timeout": 2})
+    server = live_server(users=USERS, config={"notify_timeout": 2, "notify_private_webhooks": True})
     alice = _clients(server)["alice"]
     alice.set_notifications(webhook=f"http://127.0.0.1:{port}/alice", events=["started", "ended"])
     jobs = [alice.submit("true", gpus=1, name=f"j{i}") for i in range(3)]
@@ -288,7 +289,7 @@ def test_a_receiver_that_is_down_is_retried_and_logged_once(live_server: Any) ->
 def test_messages_queued_when_the_engine_stops_are_still_sent(live_server: Any) -> None:
     slow = Receiver(delay=0.4)  # one message at a time per destination: six take 2.4 s
     try:
-        server = live_server(users=USERS)
+        server = live_server(users=USERS, config={"notify_private_webhooks": True})
         alice = _clients(server)["alice"]
         alice.set_notifications(webhook=slow.url("/alice"), events=["started", "ended"])
         jobs = [alice.submit("true", gpus=0, name=f"q{i}") for i in range(3)]
@@ -325,7 +326,7 @@ def test_a_hung_receiver_and_mail_server_do_not_slow_the_engine_or_other_receive
         live_server: Any, receiver: Receiver) -> None:
     hung_web, hung_mail = Hang(), Hang()
     try:
-        server = live_server(users=USERS, config={"notify_smtp_host": "127.0.0.1",
+        server = live_server(users=USERS, config={"notify_smtp_host": "127.0.0.1", "notify_private_webhooks": True,
                                                   "notify_smtp_port": hung_mail.port, "notify_timeout": 6})
         c = _clients(server)
         alice = c["alice"]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..model import InvalidInput, format_duration
+from .addresses import PrivateAddress, PublicOnlyResolver, literal_problem
 
 if TYPE_CHECKING:
     from .service import JobService
@@ -128,6 +129,7 @@ class NotifySettings:
     smtp_user: str = ""
     smtp_password: str = field(default="", repr=False)
     webhook_hosts: tuple[str, ...] = ()
+    private_webhooks: bool = False  # users' webhooks may post to non-public addresses (addresses.py)
     email_domains: tuple[str, ...] = ()
     admin_emails: tuple[str, ...] = ()
     admin_webhooks: tuple[str, ...] = ()
@@ -149,6 +151,7 @@ class NotifySettings:
             smtp_host=cfg.notify_smtp_host, smtp_port=port, smtp_security=security,
             smtp_from=cfg.notify_smtp_from or f"gpujobs@{server}", smtp_user=cfg.notify_smtp_user,
             smtp_password=_smtp_password(cfg), webhook_hosts=tuple(cfg.notify_webhook_hosts),
+            private_webhooks=cfg.notify_private_webhooks,
             email_domains=tuple(cfg.notify_email_domains), admin_emails=tuple(cfg.notify_admin_emails),
             admin_webhooks=tuple(cfg.notify_admin_webhooks), timeout_s=cfg.notify_timeout,
             retries=cfg.notify_retries, server=server)
@@ -341,7 +344,19 @@ class Notifier:
         if not host_allowed(host, self.settings.webhook_hosts):
             raise InvalidInput("webhook", f"webhooks may post only to {', '.join(self.settings.webhook_hosts)} "
                                           f"here (c.GPUJobs.notify_webhook_hosts), not to {host!r}")
+        problem = None if self.may_post_privately(host) else literal_problem(host)
+        if problem:
+            raise InvalidInput("webhook", f"{problem}: webhooks may post only to public addresses here, unless "
+                                          "an admin allows more (c.GPUJobs.notify_private_webhooks)")
         return url
+
+    def may_post_privately(self, host: str) -> bool:
+        """Whether a webhook may post to `host` at a non-public address (addresses.py): an admin
+        allows it for all (notify_private_webhooks), for hosts they named (notify_webhook_hosts),
+        and for their own webhooks' hosts."""
+        s = self.settings
+        return (s.private_webhooks or bool(s.webhook_hosts) and host_allowed(host, s.webhook_hosts)
+                or host.lower() in {(urlsplit(u).hostname or "") for u in s.admin_webhooks})
 
     @staticmethod
     def _describe(settings: dict[str, Any] | None) -> str:
@@ -603,7 +618,8 @@ class Notifier:
         if not host_allowed(host, self.settings.webhook_hosts) and d.to not in self.settings.admin_webhooks:
             raise Permanent(f"{host!r} is not in c.GPUJobs.notify_webhook_hosts")
         if self._http is None:  # its own client: a slow webhook takes no connection of the server's
-            self._http = AsyncHTTPClient(force_instance=True, max_clients=self.settings.workers)
+            self._http = AsyncHTTPClient(force_instance=True, max_clients=self.settings.workers,
+                                         resolver=PublicOnlyResolver(allowed=self.may_post_privately))
         t = self.settings.timeout_s
         request = HTTPRequest(d.to, method="POST", body=json.dumps({"text": f"{d.subject}\n{d.text}"}),
                               headers={"Content-Type": "application/json"}, connect_timeout=t,
@@ -612,6 +628,8 @@ class Notifier:
         code = response.code
         if 200 <= code < 300:
             return
+        if isinstance(response.error, PrivateAddress):  # (set before these rules, or a name that resolves so)
+            raise Permanent(str(response.error))
         if code == 599:
             raise ConnectionError(str(response.error) if response.error else "no answer")
         if code == 429 or code >= 500:
