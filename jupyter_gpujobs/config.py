@@ -2,7 +2,11 @@
 `jupyter_server_config.py`, and their translation into the scheduler's `Policy`.
 
 Every value is checked when the server starts; a wrong one stops the start with a message
-naming the setting, rather than being half-applied.
+naming the setting, rather than being half-applied. The checks live here, with the settings
+(the e-mail and webhook checks too, which the notifier also applies to users' own settings).
+
+May import: the model, and the runners' registry (`engine.runners.runner_names`, a light
+module); nothing else of the engine, which imports this module.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import math
 import os
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
 
+from .engine.runners import runner_names
 from .model import (
     MAX_GPUS,
     InvalidInput,
@@ -142,6 +148,47 @@ def string_list(value: Any, where: str) -> list[str]:
             continue
         out.extend(part.strip() for part in text.split(",") if part.strip())
     return out
+
+
+_EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
+                    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+#: Control characters: none in a webhook URL, and the notifier strips them from its messages.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def validate_email(value: Any, field_name: str = "email") -> str:
+    """An e-mail address (`user@host.domain`, no name part), or InvalidInput naming the field."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field_name, "expected an e-mail address such as alice@example.org")
+    text = value.strip()
+    if len(text) > 254 or not _EMAIL.fullmatch(text):
+        raise InvalidInput(field_name, f"not an e-mail address: {text[:80]!r}; expected one such as "
+                                       "alice@example.org")
+    return text
+
+
+def validate_webhook(value: Any, field_name: str = "webhook") -> str:
+    """A webhook URL (http or https, a host, no user or password in it), or InvalidInput."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field_name, "expected a webhook URL such as https://hooks.slack.com/services/...")
+    text = value.strip()
+    if len(text) > 2000:
+        raise InvalidInput(field_name, "longer than 2000 characters")
+    if CONTROL_CHARACTERS.search(text) or " " in text:
+        raise InvalidInput(field_name, "a URL holds no spaces or control characters")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:
+        raise InvalidInput(field_name, f"not a URL: {err}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidInput(field_name, f"only http and https webhooks are allowed, not {parts.scheme or 'no scheme'!r}")
+    if not parts.hostname:
+        raise InvalidInput(field_name, "the URL names no host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidInput(field_name, "a webhook URL may not hold a user name or password")
+    del port
+    return text
 
 
 def quota_to_dict(q: Quota | None) -> dict[str, Any] | None:
@@ -488,8 +535,6 @@ class GPUJobs(Configurable):
 
     @validate("runner")
     def _check_runner(self, proposal: Any) -> Any:
-        from .engine.runners import runner_names
-
         if proposal["value"] not in runner_names():
             raise TraitError(f"c.GPUJobs.runner: no runner named {proposal['value']!r}; "
                              f"there are {', '.join(runner_names())}")
@@ -497,8 +542,6 @@ class GPUJobs(Configurable):
 
     @validate("notify_admin_emails", "notify_admin_webhooks", "notify_webhook_hosts", "notify_email_domains")
     def _check_notify_lists(self, proposal: Any) -> Any:
-        from .engine.notify import validate_email, validate_webhook
-
         name = proposal["trait"].name
         values = string_list(proposal["value"], f"c.GPUJobs.{name}")
         check = {"notify_admin_emails": validate_email, "notify_admin_webhooks": validate_webhook}.get(name)

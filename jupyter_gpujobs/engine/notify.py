@@ -11,6 +11,11 @@ own, webhooks by tornado's HTTP client, each within `notify_timeout`. One destin
 mail server, a webhook's host) takes one message at a time; one that fails is retried with
 backoff while its messages wait, and its trouble is logged once per interval, not per
 message. Each job event makes at most one message per destination.
+
+It receives what it needs of the engine (`NotifyEngine`: the store that keeps users'
+settings and the engine's events) and imports no part of the service. May call: config's
+address checks, the store's notification settings, the monitor's `may_see`, the engine's
+errors. What it is told (`NotifySettings`) is in notify_settings.py.
 """
 
 from __future__ import annotations
@@ -18,26 +23,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import re
 import smtplib
-import socket
 import ssl
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from ..config import CONTROL_CHARACTERS, validate_email, validate_webhook
 from ..model import InvalidInput, format_duration
 from .addresses import PrivateAddress, PublicOnlyResolver, literal_problem
+from .errors import Conflict
+from .monitor import may_see
+from .notify_settings import NotifySettings
+from .store.notifications import load_settings, save_settings
 
 if TYPE_CHECKING:
-    from .service import JobService
+    from .store import Store
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -50,46 +57,6 @@ _EVENT_KIND = {"RUNNING": "started", "WARNING": "warning", "COMPLETED": "ended",
 _VERB = {"RUNNING": "started", "WARNING": "nears its time limit", "COMPLETED": "completed",
          "CANCELLED": "was cancelled", "FAILED": "failed", "TIMEOUT": "reached its time limit",
          "LOST": "was lost"}
-
-_EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
-                    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-
-
-def validate_email(value: Any, field_name: str = "email") -> str:
-    """An e-mail address (`user@host.domain`, no name part), or InvalidInput naming the field."""
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput(field_name, "expected an e-mail address such as alice@example.org")
-    text = value.strip()
-    if len(text) > 254 or not _EMAIL.fullmatch(text):
-        raise InvalidInput(field_name, f"not an e-mail address: {text[:80]!r}; expected one such as "
-                                       "alice@example.org")
-    return text
-
-
-def validate_webhook(value: Any, field_name: str = "webhook") -> str:
-    """A webhook URL (http or https, a host, no user or password in it), or InvalidInput."""
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput(field_name, "expected a webhook URL such as https://hooks.slack.com/services/...")
-    text = value.strip()
-    if len(text) > 2000:
-        raise InvalidInput(field_name, "longer than 2000 characters")
-    if _CONTROL.search(text) or " " in text:
-        raise InvalidInput(field_name, "a URL holds no spaces or control characters")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as err:
-        raise InvalidInput(field_name, f"not a URL: {err}") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidInput(field_name, f"only http and https webhooks are allowed, not {parts.scheme or 'no scheme'!r}")
-    if not parts.hostname:
-        raise InvalidInput(field_name, "the URL names no host")
-    if parts.username is not None or parts.password is not None:
-        raise InvalidInput(field_name, "a webhook URL may not hold a user name or password")
-    del port
-    return text
-
 
 def host_allowed(host: str, allowed: Iterable[str]) -> bool:
     """Whether `host` is in an allow-list of host names (`*.example.org`: its subdomains); an
@@ -104,57 +71,6 @@ def host_allowed(host: str, allowed: Iterable[str]) -> bool:
         if host == p:
             return True
     return False
-
-
-def _smtp_password(cfg: Any) -> str:
-    if cfg.notify_smtp_password_env:
-        return os.environ.get(cfg.notify_smtp_password_env, "")
-    if cfg.notify_smtp_password_file:
-        try:
-            with open(cfg.notify_smtp_password_file, encoding="utf-8") as f:
-                return f.readline().rstrip("\r\n")
-        except OSError as err:
-            raise SystemExit(f"c.GPUJobs.notify_smtp_password_file: cannot read it: {err.strerror}") from None
-    return ""
-
-
-@dataclass(frozen=True)
-class NotifySettings:
-    """What the notifier is told (the c.GPUJobs.notify_* traitlets, see config.py)."""
-
-    smtp_host: str = ""
-    smtp_port: int = 25
-    smtp_security: str = "none"  # "none" | "starttls" | "ssl"
-    smtp_from: str = ""
-    smtp_user: str = ""
-    smtp_password: str = field(default="", repr=False)
-    webhook_hosts: tuple[str, ...] = ()
-    private_webhooks: bool = False  # users' webhooks may post to non-public addresses (addresses.py)
-    email_domains: tuple[str, ...] = ()
-    admin_emails: tuple[str, ...] = ()
-    admin_webhooks: tuple[str, ...] = ()
-    timeout_s: float = 10.0
-    retries: int = 5
-    retry_base_s: float = 2.0
-    retry_max_s: float = 300.0
-    log_interval_s: float = 300.0  # a failing destination is logged once per this
-    queue_size: int = 1000
-    workers: int = 4
-    server: str = ""  # this machine's name, in the messages
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> NotifySettings:
-        security = cfg.notify_smtp_security
-        port = cfg.notify_smtp_port or (465 if security == "ssl" else 25)
-        server = socket.gethostname()
-        return cls(
-            smtp_host=cfg.notify_smtp_host, smtp_port=port, smtp_security=security,
-            smtp_from=cfg.notify_smtp_from or f"gpujobs@{server}", smtp_user=cfg.notify_smtp_user,
-            smtp_password=_smtp_password(cfg), webhook_hosts=tuple(cfg.notify_webhook_hosts),
-            private_webhooks=cfg.notify_private_webhooks,
-            email_domains=tuple(cfg.notify_email_domains), admin_emails=tuple(cfg.notify_admin_emails),
-            admin_webhooks=tuple(cfg.notify_admin_webhooks), timeout_s=cfg.notify_timeout,
-            retries=cfg.notify_retries, server=server)
 
 
 @dataclass
@@ -194,10 +110,21 @@ class _Destination:
     dropped: int = 0
 
 
-class Notifier:
-    """Who is told what, and the delivery of it, for one JobService."""
+class NotifyEngine(Protocol):
+    """What the notifier uses of the engine (the JobService is one)."""
 
-    def __init__(self, service: JobService, settings: NotifySettings | None = None,
+    store: Store  # users' settings (the `notifications` table)
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Call `listener` with each engine event (`{"type": "job" | "finding", ...}`); returns
+        the call that stops it."""
+        ...
+
+
+class Notifier:
+    """Who is told what, and the delivery of it, for one engine."""
+
+    def __init__(self, service: NotifyEngine, settings: NotifySettings | None = None,
                  logger: logging.Logger | None = None):
         self.service = service
         self.settings = settings or NotifySettings()
@@ -220,8 +147,6 @@ class Notifier:
     async def start(self) -> None:
         if self._tasks:
             return
-        from .store.notifications import load_settings
-
         try:
             self.users = load_settings(self.service.store)
         except Exception:
@@ -296,9 +221,6 @@ class Notifier:
         """A user sets their own settings: `email`, `webhook` (null clears one) and `events`
         (kinds, see KINDS); fields left out keep their value. Stored first, so they outlive
         restarts. InvalidInput names a bad field."""
-        from .service import Conflict
-        from .store.notifications import save_settings
-
         unknown = sorted(set(body) - {"email", "webhook", "events"})
         if unknown:
             raise InvalidInput(unknown[0], "unknown field; expected email, webhook, events")
@@ -373,8 +295,6 @@ class Notifier:
     def send_test(self, user: str) -> list[str]:
         """Queue a test message to the user's destinations now; returns their channels.
         Conflict when the user has none set."""
-        from .service import Conflict
-
         mine = self.users.get(user) or {}
         text = (f"This is a test of your jupyter-gpujobs notifications on {self.settings.server}: "
                 "messages about your jobs will look like this.")
@@ -435,8 +355,6 @@ class Notifier:
         return subject, "\n".join(lines)
 
     def _on_finding(self, finding: dict[str, Any]) -> None:
-        from .monitor import may_see
-
         if not finding.get("open") or finding.get("id") is None:
             return  # told when it opens, not when it closes
         key = f"finding:{finding['id']}"
@@ -639,7 +557,7 @@ class Notifier:
 
 def _plain(text: str) -> str:
     """Text for a subject line or a chat message: no control characters."""
-    return _CONTROL.sub(" ", text).strip()
+    return CONTROL_CHARACTERS.sub(" ", text).strip()
 
 
 def _refusal(err: smtplib.SMTPRecipientsRefused) -> str:
