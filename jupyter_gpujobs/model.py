@@ -537,7 +537,7 @@ class GPU:
     utilization: float = 0.0  # percent, 0-100
     healthy: bool = True
     draining: bool = False
-    # in use outside the queue (e.g. "in use by a process outside the queue (7.6 GB, pid 1234,
+    # in use outside the queue (e.g. "in use outside the queue (7.6 GiB held by pid 1234, python,
     # user bob)"): busy for the scheduler until released or an admin overrides; None: not
     foreign: str | None = None
     memory_reserved_mb: int = 0  # kept by the driver for itself, apart from memory_used_mb (as nvidia-smi)

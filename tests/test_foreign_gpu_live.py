@@ -1,6 +1,7 @@
 """A GPU used by a process outside the queue is not handed out: `GET gpus` and the CLI show it
 busy with what uses it, a waiting job says why, and the GPU is used again once it is released
-or an admin overrides."""
+or an admin overrides. The driver's own reserved memory never makes a GPU foreign (issue 26:
+an idle H200 reserves 616 MiB, which NVML's v1 memory info counts as used)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import sys
 import time
 from typing import Any
 
+import psutil
+import pytest
 from servers import wait_job, wait_until
+
+from jupyter_gpujobs.engine.gpus import PIDNS_OFFSET
 
 PY = sys.executable
 ROGUE_GPU = 5
@@ -19,7 +24,8 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
     client = server.client()
     rogue = server.rogue(ROGUE_GPU, GPUJOBS_FAKE_MEM_MB="7800")
     try:
-        text = f"in use by a process outside the queue (7.6 GB, pid {rogue.pid}, user root)"
+        name = wait_until(lambda: psutil.Process(rogue.pid).name())
+        text = f"in use outside the queue (7.6 GiB held by pid {rogue.pid}, {name}, user root)"
 
         def rogue_gpu() -> dict[str, Any]:
             return next(g for g in client.gpus() if g["index"] == ROGUE_GPU)
@@ -67,3 +73,52 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
     job = wait_job(client, later, ("RUNNING",), timeout=15)
     assert job["assigned_gpus"] == [ROGUE_GPU]
     assert rogue_gpu()["foreign"] is None and rogue_gpu()["foreign_override"] is None
+
+
+@pytest.mark.parametrize("driver", ["", ";nvml:v1;pidns:other"], ids=["nvml-v2", "nvml-v1-container"])
+def test_gpus_with_reserved_memory_run_jobs_and_a_real_foreign_process_still_blocks(
+        live_server: Any, driver: str) -> None:
+    """Two H200s whose driver reserves 616 MiB each (as driver 580 does): idle, they are free and
+    two jobs run on them at once; a process outside the queue holding 2 GiB still blocks its GPU,
+    with what holds it and what to do, also where NVML gives pids of another pid namespace."""
+    server = live_server(fake_gpus=f"2xH200-141GB[reserved:616M{driver}]")
+    client = server.client()
+    gpus = wait_until(lambda: (found := client.gpus()) and all(g["memory_reserved_mb"] == 616 for g in found) and found)
+    assert [(g["memory_used_mb"], g["foreign"]) for g in gpus] == [(0, None), (0, None)], gpus
+
+    sleeper = [PY, "-c", "import time; time.sleep(60)"]
+    jobs = [client.submit(sleeper, gpus=1)["id"] for _ in range(2)]
+    running = [wait_job(client, j, ("RUNNING",)) for j in jobs]
+    assert sorted(g for j in running for g in j["assigned_gpus"]) == [0, 1]
+    assert all(client.job(j)["state"] == "RUNNING" for j in jobs)  # at once
+    freed = running[0]["assigned_gpus"][0]
+    client.cancel(jobs[0])
+    wait_job(client, jobs[0], ("CANCELLED",))
+
+    rogue = server.rogue(freed, GPUJOBS_FAKE_MEM_MB="2150")
+    try:
+        pid = rogue.pid + (PIDNS_OFFSET if "pidns:other" in driver else 0)
+        who = ("which the engine cannot see: another pid namespace, e.g. a container" if driver
+               else f"{wait_until(lambda: psutil.Process(rogue.pid).name())}, user root")
+        text = f"in use outside the queue (2.1 GiB held by pid {pid}, {who})"
+
+        def on_freed() -> dict[str, Any]:
+            return next(g for g in client.gpus() if g["index"] == freed)
+
+        gpu = wait_until(lambda: (g := on_freed())["foreign"] and g, what="the GPU marked foreign")
+        assert gpu["foreign"] == text and gpu["memory_used_mb"] == 2150 and gpu["memory_reserved_mb"] == 616
+        assert f"--override {freed}" in gpu["foreign_todo"]
+        later = client.submit(sleeper, gpus=1)["id"]
+        job = wait_until(lambda: (j := client.job(later))["reason"] and "outside the queue" in j["reason"] and j,
+                         what="the waiting job saying why")
+        assert job["state"] == "PENDING" and f"GPU {freed} is {text}" in job["reason"], job
+
+        doctor = server.cli("doctor")
+        lines = doctor.stdout.splitlines()
+        row = next(i for i, line in enumerate(lines) if "GPU in use" in line)
+        assert lines[row].startswith("WARN") and f"GPU {freed} is {text}: no job starts there" in lines[row], lines
+        assert lines[row + 1].strip() == f"-> {gpu['foreign_todo']}"
+    finally:
+        rogue.kill()
+        rogue.wait()
+    assert wait_job(client, later, ("RUNNING",))["assigned_gpus"] == [freed]

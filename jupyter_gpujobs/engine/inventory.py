@@ -17,6 +17,7 @@ from typing import Any
 
 from ..model import GPU, Job
 from .errors import Conflict
+from .gpus.foreign import ForeignUse, foreign_use
 from .runners.cgroups import FENCE_OFF
 from .state import EngineState
 
@@ -29,6 +30,7 @@ class Inventory:
         self.gpus: list[GPU] = []
         self.read_at = 0.0
         self.foreign: dict[tuple[str, int], str] = {}  # (host, index) -> what uses it
+        self.foreign_todo: dict[tuple[str, int], str] = {}  # (host, index) -> what to do about it
         self.foreign_ignored: dict[tuple[str, int], str] = {}  # (host, index) -> who overrode it
 
     def refresh(self, force: bool = False) -> list[GPU]:
@@ -46,25 +48,34 @@ class Inventory:
         return self.refresh()
 
     def _mark_foreign(self, gpus: list[GPU]) -> list[GPU]:
-        """Mark the GPUs no job holds whose memory is in use beyond the threshold: a process
-        outside the queue uses them (`GPU.foreign`, with what and whose), unless an admin
-        overrode it; an override ends when the GPU is seen unused."""
+        """Mark the GPUs no job holds on which processes hold memory beyond the threshold (never
+        the driver's reservation, gpus/foreign.py): in use outside the queue (`GPU.foreign`,
+        with what and whose, and `foreign_todo`), unless an admin overrode it; an override
+        ends when the GPU is seen unused."""
         threshold = self.state.foreign_memory_threshold_mb
         if threshold is None:
             return gpus
         held = {(j.host, i) for j in self.state.running.values() if j.host for i in j.assigned_gpus}
+        # processes hold no more than the GPU's memory used by processes: only those over are asked
         used = [g for g in gpus if (g.host, g.index) not in held and g.memory_used_mb > threshold]
-        for key in [k for k in self.foreign_ignored if k not in held and k not in {(g.host, g.index) for g in used}]:
+        processes: dict[int, Any] = {}
+        if used:
+            try:
+                processes = self.state.gpus.processes()
+            except Exception:
+                log.exception("gpujobs: listing the processes on the GPUs failed")
+        found: dict[tuple[str, int], ForeignUse] = {}
+        for g in used:
+            use = foreign_use(g, processes.get(g.index), threshold)
+            if use is not None:
+                found[(g.host, g.index)] = use
+        for key in [k for k in self.foreign_ignored if k not in held and k not in found]:
             del self.foreign_ignored[key]
             log.info("gpujobs: GPU %s on %s is no longer used outside the queue; the override ends", key[1], key[0])
-        if not used:
-            self.foreign = {}
+        self.foreign = {key: use.text for key, use in found.items()}
+        self.foreign_todo = {key: use.todo for key, use in found.items()}
+        if not found:
             return gpus
-        try:
-            processes = self.state.gpus.processes()
-        except Exception:
-            processes = {}
-        self.foreign = {(g.host, g.index): _foreign_text(g, processes.get(g.index, [])) for g in used}
         return [replace(g, foreign=self.foreign[(g.host, g.index)])
                 if (g.host, g.index) in self.foreign and (g.host, g.index) not in self.foreign_ignored else g
                 for g in gpus]
@@ -119,11 +130,14 @@ class Inventory:
             holder = jobs[0] if jobs else None
             out.append({
                 "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
+                # used by processes; what the driver keeps for itself apart (as nvidia-smi)
                 "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
+                "memory_reserved_mb": g.memory_reserved_mb,
                 "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
                 "job_id": holder.id if holder else None, "user": holder.user if holder else None,
                 # in use outside the queue: busy, unless an admin overrode it ("foreign_override": who)
                 "foreign": None if holder else self.foreign.get((g.host, g.index)),
+                "foreign_todo": None if holder else self.foreign_todo.get((g.host, g.index)),
                 "foreign_override": None if holder else self.foreign_ignored.get((g.host, g.index)),
                 # who holds how much of it: each job with its share (None: the whole card), its
                 # memory limit and use (MB); a MIG instance is a GPU of its own ("mig")
@@ -132,19 +146,3 @@ class Inventory:
             })
         return out
 
-
-def _foreign_text(gpu: GPU, processes: list[Any]) -> str:
-    """"in use by a process outside the queue (7.6 GB, pid 1234, user bob)"."""
-    size = f"{gpu.memory_used_mb / 1024:.1f} GB"
-    if not processes:
-        return f"in use outside the queue ({size}, by a process the engine cannot see)"
-    top = max(processes, key=lambda p: p.used_memory_mb or 0)
-    try:
-        import psutil
-
-        user = f", user {psutil.Process(top.pid).username()}"
-    except Exception:  # gone, or not ours to see
-        user = ""
-    more = f" and {len(processes) - 1} more" if len(processes) > 1 else ""
-    return (f"in use by {'a process' if len(processes) == 1 else f'{len(processes)} processes'} outside the queue "
-            f"({size}, pid {top.pid}{user}{more})")

@@ -286,6 +286,7 @@ class Mirror:
             out.append({
                 "index": g.index, "uuid": g.uuid, "name": g.name, "host": g.host,
                 "memory_total_mb": g.memory_total_mb, "memory_used_mb": g.memory_used_mb,
+                "memory_reserved_mb": g.memory_reserved_mb,
                 "utilization": g.utilization, "healthy": g.healthy, "draining": g.draining,
                 "job_id": job.id if job else None,
                 "user": job.user if job else (held or {}).get("user"),
