@@ -549,7 +549,12 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
     print(f"  running GPUs   {q['running_gpus']} (guaranteed {q['guaranteed_gpus']}, "
           f"max {lim(q['max_gpus'])}, borrowed {q['borrowed_gpus']})")
     print(f"  running jobs   {q['running_jobs']} (max {lim(q['max_running_jobs'])})")
-    print(f"  queued jobs    {q['pending_jobs']}")
+    caps = [f"max {q['max_pending_jobs']} waiting" if q.get("max_pending_jobs") is not None else "",
+            f"arrays of at most {q['max_array_tasks']} tasks" if q.get("max_array_tasks") is not None else ""]
+    caps_text = "; ".join(c for c in caps if c)
+    print(f"  queued jobs    {q['pending_jobs']}" + (f" ({caps_text})" if caps_text else ""))
+    if q.get("priorities"):
+        print(f"  priorities     {', '.join(q['priorities'])}")
     print(f"  max time limit {format_duration(q['max_time_limit_s'])}")
     if q.get("set"):
         print(f"  quota set by {q['set']['by']} at {_when(q['set']['at'])}: {json.dumps(q['set']['quota'])}")

@@ -24,6 +24,7 @@ from traitlets.config import Configurable
 
 from .engine.runners import runner_names
 from .model import (
+    DEFAULT_PRIORITY_TIERS,
     MAX_GPUS,
     InvalidInput,
     OffpeakWindow,
@@ -31,6 +32,7 @@ from .model import (
     Quota,
     parse_duration,
     parse_fake_gpus,
+    parse_priority_tiers,
 )
 
 _DAYS = {"mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5, "sun": 6}
@@ -271,6 +273,22 @@ class GPUJobs(Configurable):
     group_members = Dict(config=True, help="Groups a user may submit to: {'vision': ['alice', 'bob']}. "
                                            "Empty: any user may name any group.")
     urgent_reserve_gpus = Integer(0, config=True, help="GPUs that only 'urgent' jobs may use.")
+    priority_tiers = Dict(default_value={k: list(v) for k, v in DEFAULT_PRIORITY_TIERS.items()}, config=True,
+                          help="Who may submit at each priority class: {'urgent': ['alice', '@oncall'], "
+                               "'high': ['@ml-team']} (user names, '@group' for a Unix group's members, '*' for "
+                               "everyone; [] for admins only). A class not named is open to everyone; admins may "
+                               "use every class. Default: urgent is for admins only.")
+    user_max_pending_jobs = Integer(5000, allow_none=True, config=True,
+                                    help="Jobs one user (not an admin) may have waiting at once, array tasks "
+                                         "counted one by one (None: no cap).")
+    user_max_array_tasks = Integer(1000, allow_none=True, config=True,
+                                   help="Tasks one array submitted by a user (not an admin) may have (None: no cap "
+                                        "but the engine's own of 10,000).")
+    notebook_max_bytes = Integer(64 << 20, config=True,
+                                 help="Largest notebook a notebook job may name (bytes); checked as its user.")
+    notebook_check_timeout = Float(5.0, config=True,
+                                   help="Seconds the check of a notebook job's notebook (as its user, in a helper "
+                                        "process) may take before the submission is refused.")
     preemption = Bool(True, config=True, help="Let guaranteed and urgent jobs reclaim GPUs from borrowers.")
     offpeak_windows = List(Unicode(), default_value=["mon-fri 20:00-08:00", "sat-sun"], config=True,
                            help="Off-peak windows in local time for --when offpeak jobs.")
@@ -566,6 +584,27 @@ class GPUJobs(Configurable):
             raise TraitError(f"c.GPUJobs.notify_timeout: must be between 0 and 300 seconds, got {proposal['value']!r}")
         return proposal["value"]
 
+    @validate("priority_tiers")
+    def _check_priority_tiers(self, proposal: Any) -> Any:
+        try:  # (on a command line: `--GPUJobs.priority_tiers urgent=@oncall,alice`)
+            return {k: list(v) for k, v in parse_priority_tiers(proposal["value"], "c.GPUJobs.priority_tiers").items()}
+        except InvalidInput as err:
+            raise TraitError(str(err)) from None
+
+    @validate("user_max_pending_jobs", "user_max_array_tasks", "notebook_max_bytes")
+    def _check_caps(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if value is not None and value < 1:
+            raise TraitError(f"c.GPUJobs.{proposal['trait'].name}: must be at least 1, got {value}")
+        return value
+
+    @validate("notebook_check_timeout")
+    def _check_notebook_timeout(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if not (0 < value <= 600):
+            raise TraitError(f"c.GPUJobs.notebook_check_timeout: must be between 0 and 600 seconds, got {value}")
+        return value
+
     @validate("user_identity")
     def _check_identity(self, proposal: Any) -> Any:
         if proposal["value"] not in ("auto", "unix", "jupyter"):
@@ -604,6 +643,9 @@ class GPUJobs(Configurable):
             group_quotas=group_quotas,
             default_user_quota=default_quota,
             urgent_reserve_gpus=self.urgent_reserve_gpus,
+            priority_tiers=parse_priority_tiers(self.priority_tiers, "c.GPUJobs.priority_tiers"),
+            user_max_pending_jobs=self.user_max_pending_jobs,
+            user_max_array_tasks=self.user_max_array_tasks,
             preemption=self.preemption,
             preempt_grace_s=self.seconds("preempt_grace"),
             preempt_min_runtime_s=retention_seconds(self.preempt_min_runtime, "c.GPUJobs.preempt_min_runtime"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from itertools import compress
@@ -363,6 +363,99 @@ def parse_priority(value: Any, field_name: str = "priority") -> str:
     return value.strip().lower()
 
 
+# --------------------------------------------------------------------------- what others see
+
+#: What anyone may be told of why a job ended: its end, in words. The reason itself is its
+#: owner's: it may name the job's command, paths or output ("command not found: /home/...").
+PUBLIC_END_REASONS: Mapping[str, str] = {"COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled",
+                                         "TIMEOUT": "time limit reached", "LOST": "lost"}
+
+
+def public_reason(state: str | None, reason: str | None) -> str | None:
+    """A job's (or event's) reason as someone who may not see the job's private data may
+    read it: why a job waits or runs is the queue's (the scheduler's words, public), why it
+    ended is only its end (`PUBLIC_END_REASONS`)."""
+    return PUBLIC_END_REASONS.get(state or "", reason)
+
+
+# --------------------------------------------------------------------------- who may use what
+
+#: Who may use each priority class unless the admin says otherwise (c.GPUJobs.priority_tiers):
+#: `urgent` (it preempts and has the reserve) is the admins' alone; every other class is open.
+DEFAULT_PRIORITY_TIERS: Mapping[str, tuple[str, ...]] = {"urgent": ()}
+
+_TIER_NAME = re.compile(r"\*|@?[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}")
+
+
+def parse_priority_tiers(value: Any, field_name: str = "priority_tiers") -> dict[str, tuple[str, ...]]:
+    """`{"urgent": ["alice", "@oncall"], "high": ["*"]}`: who may submit at each priority class
+    (a user name, "@group" for the members of a Unix group, "*" for everyone); a class it does
+    not name is open to everyone, `[]` is for admins only. InvalidInput names what is wrong."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field_name, "expected {class: [users, '@groups']}, e.g. {'urgent': ['@oncall']}")
+    out: dict[str, tuple[str, ...]] = {}
+    for cls, who in value.items():
+        if not isinstance(cls, str) or cls.strip().lower() not in PRIORITY_RANK:
+            raise InvalidInput(field_name, f"unknown priority class {_short(cls)}; classes are {', '.join(PRIORITIES)}")
+        if isinstance(who, str):
+            who = [w for w in who.split(",") if w.strip()]
+        if not isinstance(who, (list, tuple)):
+            raise InvalidInput(f"{field_name}.{cls}", "expected a list of user names, '@group' or '*'")
+        names = []
+        for name in who:
+            if not isinstance(name, str) or not _TIER_NAME.fullmatch(name.strip()):
+                raise InvalidInput(f"{field_name}.{cls}", f"{_short(name)} is not a user name, '@group' or '*'")
+            names.append(name.strip())
+        out[cls.strip().lower()] = tuple(names)
+    return out
+
+
+def may_use_priority(tiers: Mapping[str, Sequence[str]], priority: str, user: str,
+                     member_of: Callable[[str], bool]) -> bool:
+    """Whether `user` may submit at `priority` under `tiers` (`parse_priority_tiers`);
+    `member_of(group)`: whether the user is in that Unix group (asked only for the groups a
+    restricted class names). Admins are not asked: they may use every class."""
+    allowed = tiers.get(priority)
+    if allowed is None:
+        return True
+    return any(who in ("*", user) or (who.startswith("@") and member_of(who[1:])) for who in allowed)
+
+
+def priorities_for(tiers: Mapping[str, Sequence[str]], user: str, member_of: Callable[[str], bool]) -> list[str]:
+    """The priority classes `user` may submit at, lowest first (an admin: all of them)."""
+    return [p for p in PRIORITIES if may_use_priority(tiers, p, user, member_of)]
+
+
+def priority_refusal(tiers: Mapping[str, Sequence[str]], priority: str, user: str,
+                     member_of: Callable[[str], bool]) -> str | None:
+    """Why `user` may not submit at `priority` (a sentence naming the class and what they may
+    use), or None when they may."""
+    if may_use_priority(tiers, priority, user, member_of):
+        return None
+    mine = priorities_for(tiers, user, member_of)
+    return (f"priority {priority!r} is not open to {user} here (c.GPUJobs.priority_tiers); "
+            f"you may use {', '.join(mine) or 'none'}, or ask an admin")
+
+
+def array_cap_refusal(cap: int | None, tasks: int) -> str | None:
+    """Why an array of `tasks` tasks is more than one user may submit at once (`cap`:
+    c.GPUJobs.user_max_array_tasks; None: no cap), or None."""
+    if cap is None or tasks <= cap:
+        return None
+    return (f"{tasks} array tasks are more than the {cap} one user may submit at once here "
+            "(c.GPUJobs.user_max_array_tasks); split the array or ask an admin")
+
+
+def pending_cap_refusal(cap: int | None, pending: int, adding: int) -> str | None:
+    """Why `adding` more waiting jobs to a user's `pending` ones goes past the most one user
+    may have waiting (`cap`: c.GPUJobs.user_max_pending_jobs; None: no cap), or None."""
+    if cap is None or pending + adding <= cap:
+        return None
+    jobs = "this job" if adding == 1 else f"these {adding} jobs"
+    return (f"you have {pending} jobs waiting and {jobs} would make more than {cap}, the most one user "
+            "may have waiting here (c.GPUJobs.user_max_pending_jobs); wait for some to start or cancel some")
+
+
 @dataclass(frozen=True)
 class FakeGPUSpec:
     count: int
@@ -690,6 +783,11 @@ class Policy:
     group_quotas: Mapping[str, Quota] = field(default_factory=dict)
     default_user_quota: Quota | None = None
     urgent_reserve_gpus: int = 0
+    # who may submit at each priority class (parse_priority_tiers; admins: every class), and how
+    # much one user may queue: waiting jobs and tasks of one array (None: no cap; admins: none)
+    priority_tiers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    user_max_pending_jobs: int | None = None
+    user_max_array_tasks: int | None = None
     # preemption
     preemption: bool = True
     preempt_grace_s: int = 30

@@ -3,6 +3,7 @@ jobs on a live server (injected parameters, outputs, the error cell of a failing
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from jupyter_gpujobs.model import InvalidInput, Job
 from jupyter_gpujobs.notebook.notebooks import (
     INJECTED_TAG,
+    check_notebook_files,
     check_notebook_payload,
     inject_parameters,
     notebook_command,
@@ -73,8 +75,8 @@ def test_bad_payload_names_the_field(tmp_path: Path, payload: dict[str, Any], fi
     param_notebook(tmp_path / "train.ipynb")
     (tmp_path / "train.py").write_text("")
     (tmp_path / "junk.ipynb").write_text("{not json")
-    with pytest.raises(InvalidInput) as err:
-        check_notebook_payload(payload, tmp_path)
+    with pytest.raises(InvalidInput) as err:  # its shape, then its files as the user (here: the engine's own)
+        asyncio.run(check_notebook_files(check_notebook_payload(payload, tmp_path), None))
     assert err.value.field == field
     assert words in err.value.message
 

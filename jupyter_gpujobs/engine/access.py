@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..model import Job, JobState
+from ..model import Job, JobState, public_reason
 from .errors import PermissionDenied
 from .runners.users import NotAUnixUser, in_group, run_as
 from .state import EngineState
@@ -174,8 +174,18 @@ PUBLIC_FIELDS = frozenset({
 
 
 def redact(view: dict[str, Any]) -> dict[str, Any]:
-    """A job view without its private data: the other fields are None, and `private` is true."""
+    """A job view without its private data: the other fields are None, and `private` is true.
+    Why it ended is only its end (`model.public_reason`): the reason may name its command."""
     out: dict[str, Any] = {k: (v if k in PUBLIC_FIELDS else None) for k, v in view.items()}
+    out["reason"] = public_reason(view.get("state"), view.get("reason"))
     out["depends"] = []
     out["private"] = True
+    return out
+
+
+def redact_event(event: dict[str, Any]) -> dict[str, Any]:
+    """A job's event without its private data: no data, and the reason as `redact` gives it."""
+    out = {k: event.get(k) for k in ("job_id", "time", "state", "actor", "reason")}
+    out["reason"] = public_reason(out["state"], out["reason"])
+    out["data"] = {}
     return out

@@ -8,7 +8,9 @@ gives a burst of submissions one scheduling cycle once it pauses.
 
 It may call the store, `access.Access` (where a user's paths start), `inventory.Inventory`
 (the GPUs, the limits enforceable), `rules.Rules` (the policy in force), `events.Events`
-(the submission's publication), the notebook helpers and `state.EngineState.wake`.
+(the submission's publication), the notebook helpers (a notebook is looked at as its user,
+off the loop: `userfiles`), `userpolicy` (the priority classes a user may use, the caps on
+what one user may queue) and `state.EngineState.wake`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..model import InvalidInput, Job, validate_submission
+from ..notebook.notebooks import check_notebook_files
 from .access import Access
 from .events import Events
 from .inventory import Inventory
@@ -28,6 +31,8 @@ from .runners.users import NotAUnixUser, can_enter, run_as
 from .scheduler.quotas import Quotas
 from .state import EXTERNAL_KINDS, EngineState
 from .store import NewJobs, StoreUnavailable
+from .userfiles import Bounds
+from .userpolicy import check_priority, check_queue_caps
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -48,6 +53,8 @@ class Admission:
         self.burst_timer: asyncio.TimerHandle | None = None  # the cycle after a burst of submissions
         self.burst_started_at = 0.0  # loop time of the first submission no cycle has seen yet
         self.last_submit_at = 0.0
+        # how far the look at a notebook job's notebook may go (c.GPUJobs.notebook_max_bytes, _check_timeout)
+        self.input_bounds = Bounds()
 
     async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
         """Validate and store a submission; returns the new job(s) (several for an array)
@@ -58,6 +65,13 @@ class Admission:
         then inserted in one transaction by `store_submissions`.
         """
         new = self.validated(user, body)
+        if new.specs and new.specs[0]["kind"] == "notebook":  # looked at as the user, off the loop
+            await check_notebook_files(new.specs[0]["payload"], run_as(user, self.state.run_as_owner),
+                                       self.input_bounds, self.state.job_python)
+        # (after any wait: the jobs of this turn's submissions count as waiting already)
+        coming = sum(len(n.specs) for n, _ in self.submissions if n.actor == user)
+        check_queue_caps(self.rules.current_policy(), self.access.is_admin(user),
+                         self.state.pending_of.get(user, 0) + coming, len(new.specs), new.array)
         future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_soon(self.store_submissions)
@@ -70,6 +84,7 @@ class Admission:
         now = s.clock()
         inventory = self.inventory.inventory
         fields = validate_submission(body, inventory, s.policy, now)
+        check_priority(self.rules.current_policy(), fields["priority"], user, self.access.is_admin(user))
         if s.mirrored and fields["kind"] in EXTERNAL_KINDS and not fields["command"]:
             raise InvalidInput("command", "a GPU kernel under the Slurm runner runs as a Slurm job and needs "
                                           "its launch command (the GPU kernel provisioner gives it)")

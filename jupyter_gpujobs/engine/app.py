@@ -35,6 +35,7 @@ from .runners.mps import MPSControl
 from .service import JobService
 from .shares import Shares
 from .store import Store, default_url, private_sqlite_files
+from .userfiles import Bounds
 
 if TYPE_CHECKING:
     from .monitor import Monitor
@@ -127,6 +128,8 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     from .notify import Notifier, NotifySettings
 
     service.notifier = Notifier(service, NotifySettings.from_config(cfg), log)
+    # how far the look at a notebook job's notebook (as its user, userfiles.py) may go
+    service.admission.input_bounds = Bounds(cfg.notebook_max_bytes, cfg.notebook_check_timeout)
     monitor = Monitor(service, MonitorSettings.from_config(cfg), log)
     monitor.install()  # drained GPUs show as draining in the engine's inventory
     return service, monitor

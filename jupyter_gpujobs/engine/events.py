@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..model import Job, JobState
-from .access import Access, redact
+from .access import Access, redact, redact_event
 from .state import EXTERNAL_KINDS, EngineState
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -98,8 +98,7 @@ class Events:
         queue view (`redact`), its event without its data."""
         if self.access.may_see(message["job"], viewer):
             return message
-        event = {k: message["event"].get(k) for k in ("job_id", "time", "state", "actor", "reason")}
-        return {**message, "job": redact(message["job"]), "event": {**event, "data": {}}}
+        return {**message, "job": redact(message["job"]), "event": redact_event(message["event"])}
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Hand a message (`{"type": ...}`) to every listener: the events websockets, which

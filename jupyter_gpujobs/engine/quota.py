@@ -8,6 +8,7 @@ from typing import Any
 from ..config import quota_to_dict
 from ..model import JobState, Quota, share_fraction
 from .scheduler.shares import gpu_bytes, running_weight
+from .userpolicy import limits_report
 
 
 def _effective(service: Any, scope: str, name: str) -> Quota | None:
@@ -62,6 +63,8 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
                              else policy.max_time_limit_s),
         "total_gpus": len(service.inventory),
         "urgent_reserve_gpus": policy.urgent_reserve_gpus,
+        # the priority classes they may use, and how much they may queue (userpolicy.py)
+        **limits_report(policy, user, service.is_admin(user)),
         "groups": groups,
         "set": _set(service, "users", user),
         "changes": service.store.quota_changes([("users", user), *(("groups", g) for g in groups)], limit=10),

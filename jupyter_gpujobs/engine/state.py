@@ -110,6 +110,7 @@ class EngineState:
         # ---- the active jobs (`keep` and `forget` keep them): a cycle hands `pending` to the
         # scheduler as it is, without a pass over 10k jobs
         self.pending: dict[int, Job] = {}
+        self.pending_of: dict[str, int] = {}  # user -> how many of `pending` are theirs (admission's caps)
         self.running: dict[int, Job] = {}
         self.handles: dict[int, dict[str, Any]] = {}  # running job id -> its supervisor's handle
         # what running jobs carry until they end (`ended` drops it)
@@ -152,16 +153,27 @@ class EngineState:
     def keep(self, job: Job) -> None:
         """A pending or running job as it now is."""
         if job.state is JobState.PENDING:
+            if job.id not in self.pending:
+                self.pending_of[job.user] = self.pending_of.get(job.user, 0) + 1
             self.pending[job.id] = job
             self.running.pop(job.id, None)
         else:
             self.running[job.id] = job
-            self.pending.pop(job.id, None)
+            self._unpend(job.id)
 
     def forget(self, job_id: int) -> None:
         """A job that ended."""
-        self.pending.pop(job_id, None)
+        self._unpend(job_id)
         self.running.pop(job_id, None)
+
+    def _unpend(self, job_id: int) -> None:
+        job = self.pending.pop(job_id, None)
+        if job is not None:
+            left = self.pending_of.get(job.user, 1) - 1
+            if left > 0:
+                self.pending_of[job.user] = left
+            else:
+                self.pending_of.pop(job.user, None)
 
     def ended(self, job_id: int) -> dict[str, Any] | None:
         """A job reached a final state: drop it and all it carried; returns the handle of a

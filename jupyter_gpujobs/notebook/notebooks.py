@@ -3,9 +3,12 @@ allocated GPUs, papermill-style.
 
 This module owns both sides of it:
 
-- the engine side, called by `service.py` on submission: `check_notebook_payload()` validates and
-  normalises the payload (`notebook`, `parameters`, `kernel`, `output`), and `notebook_command()`
-  gives the job its command and its output path;
+- the engine side, called by the engine on submission: `check_notebook_payload()` validates and
+  normalises the payload (`notebook`, `parameters`, `kernel`, `output`) without touching a file the
+  user named; `check_notebook_files()` then has the notebook and the output folder looked at as the
+  user (`engine.userfiles`: a helper process with the user's uid, off the engine's loop, bounded in
+  time and size; a file the user may not read gets the same answer as a missing one);
+  `notebook_command()` gives the job its command and its output path;
 - the job side, `python -m jupyter_gpujobs.notebook.notebooks run NB --output OUT [--parameters JSON]
   [--kernel K]`: injects the parameters as a cell tagged `injected-parameters` after the cell
   tagged `parameters` (or at the top), executes every cell in a kernel that inherits the job's
@@ -30,9 +33,12 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model import InvalidInput, Job
+
+if TYPE_CHECKING:
+    from ..engine.userfiles import Bounds
 
 PAYLOAD_FIELDS = ("notebook", "parameters", "kernel", "output")
 INJECTED_TAG = "injected-parameters"
@@ -51,7 +57,8 @@ def _resolve(path: str, root_dir: Path) -> Path:
 
 
 def check_notebook_payload(payload: dict[str, Any], root_dir: Path) -> dict[str, Any]:
-    """Validate a notebook job's payload; the normalised payload (absolute paths).
+    """Validate a notebook job's payload; the normalised payload (absolute paths). Opens no
+    file the user named: `check_notebook_files` looks at those, as the user.
 
     Raises InvalidInput naming the field (`payload.notebook`, `payload.parameters`, ...)."""
     if not isinstance(payload, dict):
@@ -66,15 +73,6 @@ def check_notebook_payload(payload: dict[str, Any], root_dir: Path) -> dict[str,
     nb_path = _resolve(notebook, root_dir)
     if nb_path.suffix != ".ipynb":
         raise InvalidInput("payload.notebook", f"{notebook!r} is not a notebook (.ipynb)")
-    if not nb_path.is_file():
-        raise InvalidInput("payload.notebook", f"no such notebook: {notebook}")
-    try:
-        with open(nb_path, encoding="utf-8") as f:
-            content = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError) as err:
-        raise InvalidInput("payload.notebook", f"cannot read {notebook} as a notebook: {err}") from None
-    if not isinstance(content, dict) or not isinstance(content.get("cells"), list):
-        raise InvalidInput("payload.notebook", f"{notebook} is not a Jupyter notebook (no cells)")
 
     parameters = payload.get("parameters")
     if parameters is None:
@@ -106,13 +104,8 @@ def check_notebook_payload(payload: dict[str, Any], root_dir: Path) -> dict[str,
         if not isinstance(output, str) or not output.strip():
             raise InvalidInput("payload.output", "expected the path of the executed notebook or a folder")
         out_path = _resolve(output, root_dir)
-        if out_path.suffix == ".ipynb":
-            if not out_path.parent.is_dir():
-                raise InvalidInput("payload.output", f"no such folder: {out_path.parent}")
-            if out_path == nb_path:
-                raise InvalidInput("payload.output", "the output would overwrite the input notebook")
-        elif not out_path.is_dir() and not out_path.parent.is_dir():
-            raise InvalidInput("payload.output", f"no such folder: {out_path.parent}")
+        if out_path == nb_path:
+            raise InvalidInput("payload.output", "the output would overwrite the input notebook")
 
     return {
         "notebook": str(nb_path),
@@ -120,6 +113,52 @@ def check_notebook_payload(payload: dict[str, Any], root_dir: Path) -> dict[str,
         "kernel": kernel,
         "output": str(out_path) if out_path is not None else None,
     }
+
+
+async def check_notebook_files(payload: dict[str, Any], unix_user: str | None, bounds: Bounds | None = None,
+                               python: str = "") -> None:
+    """Look at a normalised payload's notebook and output folder as `unix_user` (None: the
+    engine's own user), off the engine's loop (`engine.userfiles.check_notebook`): the notebook
+    must be a regular file of at most `bounds.max_bytes` holding a notebook, and the folder the
+    executed notebook goes to must exist (or, for an output folder, its parent) and be
+    writable. Raises InvalidInput naming the field; a notebook the user may not read is
+    answered as a missing one, whatever root could read."""
+    from ..engine.userfiles import Bounds, HelperFailed, check_notebook
+
+    bounds = bounds or Bounds()
+    notebook = payload["notebook"]
+    output = payload.get("output")
+    if output is None:
+        folder, create = str(Path(notebook).parent), False
+    elif output.endswith(".ipynb"):
+        folder, create = str(Path(output).parent), False
+    else:
+        folder, create = output, True
+    who = unix_user or "you"
+    try:
+        verdict = await check_notebook(unix_user, notebook, folder, create, bounds, python)
+    except HelperFailed as err:
+        raise InvalidInput("payload.notebook", f"could not check {notebook} as {who}: {err}") from None
+    problems = {
+        "missing": f"no such notebook, or {who} may not read it: {notebook}",
+        "not_a_file": f"{notebook} is not a file (a folder, FIFO or device cannot be run as a notebook)",
+        "too_big": f"{notebook} is larger than {_mb(bounds.max_bytes)}, the most a notebook job may be here "
+                   "(c.GPUJobs.notebook_max_size)",
+        "not_json": f"cannot read {notebook} as a notebook: {verdict.detail or 'not JSON'}",
+        "no_cells": f"{notebook} is not a Jupyter notebook (no cells)",
+    }
+    if verdict.notebook != "ok":
+        raise InvalidInput("payload.notebook", problems.get(verdict.notebook, f"cannot check {notebook}"))
+    if verdict.folder == "missing":
+        missing = output if create and output else folder
+        raise InvalidInput("payload.output" if output else "payload.notebook", f"no such folder: {missing}")
+    if verdict.folder == "not_writable":
+        raise InvalidInput("payload.output" if output else "payload.notebook",
+                           f"{who} may not write the executed notebook into {folder}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):g} MB"
 
 
 def output_path(job: Job, root_dir: Path) -> Path:

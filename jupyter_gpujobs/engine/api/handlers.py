@@ -217,8 +217,8 @@ class GPUJobsHandler(APIHandler):
             e = ApiError(400, e.field, e.message)
         elif isinstance(e, NotFound):
             e = ApiError(404, None, str(e))
-        elif isinstance(e, PermissionDenied):
-            e = ApiError(403, None, str(e))
+        elif isinstance(e, PermissionDenied):  # (a refused priority class names the field: userpolicy.py)
+            e = ApiError(403, getattr(e, "field", None), str(e))
         elif isinstance(e, Conflict):
             e = ApiError(409, e.field, e.message)
         elif isinstance(e, StoreUnavailable):  # 507 Insufficient Storage; read-only: 503
