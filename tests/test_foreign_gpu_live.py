@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from servers import wait_job, wait_until
@@ -81,7 +82,7 @@ def test_gpus_with_reserved_memory_run_jobs_and_a_real_foreign_process_still_blo
     """Two H200s whose driver reserves 616 MiB each (as driver 580 does): idle, they are free and
     two jobs run on them at once; a process outside the queue holding 2 GiB still blocks its GPU,
     with what holds it and what to do, also where NVML gives pids of another pid namespace."""
-    server = live_server(fake_gpus=f"2xH200-141GB[reserved:616M{driver}]")
+    server = live_server(fake_gpus=f"2xH200-141GB[reserved:616M{driver}]", config={"sample_interval": 0.5})
     client = server.client()
     gpus = wait_until(lambda: (found := client.gpus()) and all(g["memory_reserved_mb"] == 616 for g in found) and found)
     assert [(g["memory_used_mb"], g["foreign"]) for g in gpus] == [(0, None), (0, None)], gpus
@@ -91,6 +92,12 @@ def test_gpus_with_reserved_memory_run_jobs_and_a_real_foreign_process_still_blo
     running = [wait_job(client, j, ("RUNNING",)) for j in jobs]
     assert sorted(g for j in running for g in j["assigned_gpus"]) == [0, 1]
     assert all(client.job(j)["state"] == "RUNNING" for j in jobs)  # at once
+    # a job's stats and the metrics count what its processes use (500 MiB each), the reservation apart
+    stats = wait_until(lambda: (st := client.api("GET", f"jobs/{jobs[1]}/stats"))["memory_max_mb"] and st)
+    assert stats["memory_max_mb"] == 500, stats
+    metrics = httpx.get(f"{server.url}gpujobs/api/metrics", headers={"Authorization": f"token {server.token}"}).text
+    assert 'DCGM_FI_DEV_FB_RESERVED{' in metrics and all(
+        float(line.rsplit(" ", 1)[1]) == 616 for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_FB_RESERVED{"))
     freed = running[0]["assigned_gpus"][0]
     client.cancel(jobs[0])
     wait_job(client, jobs[0], ("CANCELLED",))
