@@ -141,7 +141,7 @@ class SlurmRunner(Runner):
     #: The engine does not schedule: Slurm does, and the service only mirrors it.
     schedules_itself = True
     #: sbatch submits as the engine's own user, so jobs would run as it (root on a shared
-    #: engine): jobs of other Unix users are refused (see JobService._validated).
+    #: engine): jobs of other Unix users are refused (see Admission.validated).
     runs_as_owner = False
 
     def __init__(self, state_dir: Path, settings: Slurm | None = None):
