@@ -176,6 +176,11 @@ stop_server() {
 }
 cleanup() {
   stop_server
+  # the MPS control daemons of the mps phase stay up after their engine (by design): quit them
+  local pipe
+  for pipe in "$WORK"/mps/pipe/*/; do
+    [ -e "$pipe/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+  done
   # job supervisors run in their own sessions; stop any this run left (their command lines name the state dirs)
   pkill -KILL -f "$WORK/state" 2>/dev/null || true
   if [ "$KEEP" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
@@ -893,7 +898,8 @@ fi
 run_checks main "$(( END - MPS_PHASE ))"
 stop_server
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-  start_server "$WORK/state-mps" --GPUJobs.mps=True
+  start_server "$WORK/state-mps" --GPUJobs.mps=True --GPUJobs.mps_pipe_dir="$WORK/mps/pipe" \
+    --GPUJobs.mps_log_dir="$WORK/mps/log"
   run_checks mps "$(( END - 3 ))"
   stop_server
 else
