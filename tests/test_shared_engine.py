@@ -330,9 +330,9 @@ def test_a_burst_from_both_users_never_shares_a_gpu_and_is_fair(team: Team) -> N
         # fair-share across the two servers: while an admin's job holds every GPU, U1 queues 8
         # jobs, then U2 4; once the GPUs free, U1's first jobs run and U2's go ahead of U1's rest
         go = team.base / "go"
-        with team.socket_client() as c:
+        with team.socket_client() as c:  # working in the team's folder under /tmp, it keeps the machine's /tmp
             blocker = c.post("jobs", json={"command": ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
-                                           "gpus": 4, "cwd": "/"}).json()["id"]
+                                           "gpus": 4, "cwd": str(team.base)}).json()["id"]
         wait_state(team, blocker, ("RUNNING",))
         for _ in range(8):
             ids[U1].append(s1.api("POST", "jobs", json={"command": ["sleep", "1.5"], "gpus": 1}).json()["id"])

@@ -68,6 +68,9 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     # personal server's job run as that server's user (its own session: runners/shim.py)
     runner.inherit_environment = cfg.job_environment == "inherit" or (cfg.job_environment == "auto" and not shared)
     runner.env_allow = tuple(cfg.job_env_allow)
+    engine_url = job_env.get("GPUJOBS_URL", "")
+    if engine_url.startswith("unix://"):  # a job with a private /tmp still reaches a socket under /tmp
+        runner.tmp_keep = (os.path.dirname(engine_url[len("unix://"):]),)
     claim = None
     if runner.schedules_itself:
         from .runners.slurm import SlurmGPUs, ignored_settings

@@ -77,6 +77,9 @@ class Runner(abc.ABC):
     inherit_environment = False
     #: More names (shell patterns) of the engine's environment every job keeps (c.GPUJobs.job_env_allow).
     env_allow: tuple[str, ...] = ()
+    #: Folders of the engine's (its socket's) that a job with a private /tmp must still reach
+    #: where they lie under /tmp; set by the engine, never from a job's request.
+    tmp_keep: tuple[str, ...] = ()
     #: Set by the service: called on the event loop when a run may just have ended, so that
     #: it polls now rather than at its next poll (a runner that cannot tell leaves it unused).
     on_exit: Callable[[], None] | None = None

@@ -138,6 +138,7 @@ class LocalRunner(Runner):
             "inherit_env": bool(self.inherit_environment and account is None and req.run_as is None),
             "env_allow": list(self.env_allow), "log_max_bytes": self.log_max_bytes,
             "private_tmp": not self.private_tmp_problem,
+            "tmp_keep": [p for p in self.tmp_keep if os.path.normpath(p).startswith("/tmp/")],
         })
         handle: dict[str, Any] = {"runner": "local", "job_dir": str(job_dir)}
         if cg:

@@ -313,9 +313,11 @@ _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 
 
-def private_mounts(tmp_dir: str | None) -> None:
+def private_mounts(tmp_dir: str | None, keep: Sequence[str] = ()) -> None:
     """In a mount namespace of this process's own: `tmp_dir` on /tmp and a fresh tmpfs on
-    /dev/shm (None: a tmpfs on /tmp too, as the probe does). OSError when the host refuses."""
+    /dev/shm (None: a tmpfs on /tmp too, as the probe does); each folder of `keep` (under
+    /tmp: the engine's socket folder, never a path a user named) stays where it was, bound
+    into `tmp_dir` (`make_job_tmp` made its mount point). OSError when the host refuses."""
     import ctypes
 
     libc = _libc()
@@ -332,7 +334,10 @@ def private_mounts(tmp_dir: str | None) -> None:
     if tmp_dir is None:
         check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777,size=1m"))
     else:
-        check(libc.mount(tmp_dir.encode(), b"/tmp", None, _MS_BIND, None))
+        for folder in keep:
+            inside = os.path.join(tmp_dir, os.path.relpath(folder, "/tmp"))
+            check(libc.mount(folder.encode(), inside.encode(), None, _MS_BIND | _MS_REC, None))
+        check(libc.mount(tmp_dir.encode(), b"/tmp", None, _MS_BIND | _MS_REC, None))
     check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"))
 
 
@@ -346,15 +351,25 @@ def probe_private_mounts() -> str:
     return ""
 
 
-def make_job_tmp(job_dir: str, owner: tuple[int, int] | None) -> str:
+def make_job_tmp(job_dir: str, keep: Sequence[str] = ()) -> str:
     """The folder that is the job's /tmp: `JOB_DIR/tmp`, mode 1777 as /tmp (only the job
-    reaches it: the run directory is root's 0700)."""
+    reaches it: the run directory is root's 0700), with a mount point (root's 0755) for each
+    folder of `keep` at its place under /tmp."""
     path = os.path.join(job_dir, "tmp")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     os.chmod(path, 0o1777)
+    for folder in keep:
+        point = path
+        for part in os.path.relpath(folder, "/tmp").split(os.sep):
+            point = os.path.join(point, part)
+            try:
+                os.mkdir(point, 0o755)
+            except FileExistsError:
+                pass
+            os.chmod(point, 0o755)
     return path
 
 
@@ -375,7 +390,7 @@ class SpawnError(OSError):
 
 def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
           cg: dict[str, str] | None = None, user: tuple[str, int, int, list[int]] | None = None,
-          tmp_dir: str | None = None) -> int:
+          tmp_dir: str | None = None, tmp_keep: Sequence[str] = ()) -> int:
     """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
     stderr into `log_fd`. The child starts in, or enters, the run's cgroups `cg`
     (`cgroups.fork_into`, `cgroups.enter`) before exec, gets `tmp_dir` as its private /tmp
@@ -400,7 +415,7 @@ def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
             cgroups.enter(cg or {}, in_v2)
             if tmp_dir is not None:
                 stage = "tmp"
-                private_mounts(tmp_dir)
+                private_mounts(tmp_dir, tmp_keep)
             if user is not None:
                 stage = "user"
                 _name, uid, gid, gids = user
@@ -736,11 +751,13 @@ class Shim:
             me = pwd.getpwuid(os.getuid())
             env.update({"HOME": me.pw_dir, "USER": me.pw_name, "LOGNAME": me.pw_name, "SHELL": me.pw_shell or "/bin/sh"})
         tmp_dir: str | None = None
+        tmp_keep = [os.path.normpath(str(p)) for p in spec.get("tmp_keep") or ()
+                    if os.path.normpath(str(p)).startswith("/tmp/")]
         if spec.get("private_tmp"):
             where = os.path.normpath(cwd or self.job_dir)
             if where != "/tmp" and not where.startswith("/tmp/"):  # else the folder would vanish for it
                 try:
-                    tmp_dir = make_job_tmp(self.job_dir, (user[1], user[2]) if user else None)
+                    tmp_dir = make_job_tmp(self.job_dir, tmp_keep)
                 except OSError as err:
                     return self.fail_to_start(spec, f"could not make the job's private /tmp: {err.strerror}", log_fd)
         self.cg = {str(k): str(v) for k, v in (spec.get("cgroups") or {}).items()}
@@ -758,7 +775,7 @@ class Shim:
             self.output = OutputPipe(log_fd, cap)
         try:
             pid = spawn(command, cwd, env, self.output.write_fd if self.output else log_fd, self.cg,
-                        (user[0], user[1], user[2], user[5]) if user else None, tmp_dir)
+                        (user[0], user[1], user[2], user[5]) if user else None, tmp_dir, tmp_keep)
         except SpawnError as err:
             cgroups.remove(self.cg)
             if tmp_dir:
