@@ -78,3 +78,30 @@ def test_vanished_supervisor_is_lost(live_server: Any) -> None:
     assert "vanished" in lost["reason"] or "supervisor" in lost["reason"]
     nxt = client.submit([PY, "-c", "pass"], gpus=1)
     assert wait_job(client, nxt["id"], ("COMPLETED",))["assigned_gpus"] == [0]
+
+
+def test_a_job_that_ended_while_the_server_was_down_is_accounted_to_its_end(live_server: Any, tmp_path: Any) -> None:
+    """GPU-hours of a job that ended while no server ran end at its exit (its supervisor's
+    record), not at the next server's start: three 30 s jobs once counted 2.07 GPU-hours."""
+    server = live_server(fake_gpus="2xA100")
+    client = server.client()
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n"
+    job = client.submit([PY, "-c", code], gpus=1, time_limit="5m")
+    wait_job(client, job["id"], ("RUNNING",))
+    server.kill()
+    release.write_text("go")  # the job ends while no server runs
+    deadline = time.monotonic() + 30
+    while supervisors_under(server.state_dir / "run"):
+        assert time.monotonic() < deadline, "the job's supervisor did not end"
+        time.sleep(0.1)
+    down_from = time.time()
+    time.sleep(3)  # the server stays down a while after the job's end
+    server.start()
+    client = server.client()
+    final = wait_job(client, job["id"], ("COMPLETED", "FAILED", "LOST"))
+    assert final["state"] == "COMPLETED", final
+    assert final["ended_at"] <= down_from, final
+    used_s = client.api("GET", "usage", params={"by": "user", "since": "1d"})["total_gpu_hours"] * 3600
+    ran_s = final["ended_at"] - final["started_at"]
+    assert used_s <= ran_s + 0.5, (used_s, ran_s)  # (usage is rounded to 0.0001 h, 0.36 s)

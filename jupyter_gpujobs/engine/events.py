@@ -44,12 +44,13 @@ class Events:
 
     def set_state(self, job_id: int, state: JobState, actor: str, reason: str,
                   expect: tuple[JobState, ...] | None = None, data: dict[str, Any] | None = None,
-                  **fields: Any) -> Job | None:
+                  released_at: float | None = None, **fields: Any) -> Job | None:
         s = self.state
         now = s.clock()
         if state.is_final:
             fields.setdefault("ended_at", now)
-        job = s.store.transition(job_id, state, actor, reason, now, expect=expect, data=data, **fields)
+        job = s.store.transition(job_id, state, actor, reason, now, expect=expect, data=data,
+                                 released_at=released_at, **fields)
         if job is None:
             return None
         if state.is_final:

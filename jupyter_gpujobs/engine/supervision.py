@@ -165,7 +165,7 @@ class Supervisors:
                 self.events.set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
                                       started_at=None, host=None, assigned_gpus=(), borrowed=False,
                                       runner_handle={}, restarts=job.restarts + (1 if exit_.started else 0),
-                                      **fields)
+                                      released_at=exit_.ended_at, **fields)
                 s.handles.pop(job_id, None)
                 s.terminating.discard(job_id)
                 return

@@ -502,13 +502,18 @@ class Store:
         now: float,
         expect: Sequence[JobState] | None = None,
         data: dict[str, Any] | None = None,
+        released_at: float | None = None,
         **fields: Any,
     ) -> Job | None:
         """Move a job to `state`, with its event, in one transaction.
 
         With `expect`, the change only happens if the job is in one of those states (returns
-        None otherwise), so two actors racing (a cancel and an exit) cannot both win.
+        None otherwise), so two actors racing (a cancel and an exit) cannot both win. Leaving
+        RUNNING releases the job's GPUs at `released_at`, else at its `ended_at`, else `now`:
+        a run that ended while the engine was down is accounted to its real end, not to the
+        engine's restart.
         """
+        released = min(now, released_at if released_at is not None else fields.get("ended_at") or now)
         with self._session.begin() as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None:
@@ -523,7 +528,7 @@ class Store:
                 s.execute(
                     update(AllocationRow)
                     .where(AllocationRow.job_id == job_id, AllocationRow.released_at.is_(None))
-                    .values(released_at=now)
+                    .values(released_at=released)
                 )
             s.flush()
             return _to_job(row)
