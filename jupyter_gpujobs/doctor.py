@@ -99,10 +99,15 @@ def check_gpus(ctx: Context) -> list[Check]:
                       "on a machine with NVIDIA GPUs install the driver (NVML); for a demo set fake ones: "
                       "GPUJOBS_FAKE_GPUS=2xA100-80GB,2xT4 or c.GPUJobs.fake_gpus")]
     rows = []
+    reserved = sorted({g.get("memory_reserved_mb") or 0 for g in gpus} - {0})
+    kept = "" if not reserved else (f"; the driver keeps {reserved[0]}" if len(reserved) == 1
+                                    else f"; the driver keeps {reserved[0]}-{reserved[-1]}")
+    kept += " MiB of each for itself (not counted as used)" if reserved else ""
     if backend == "fake":
-        rows.append(Check("GPUs", OK, f"{len(gpus)} fake GPUs ({what}): scheduled like real ones, for demos and tests"))
+        rows.append(Check("GPUs", OK, f"{len(gpus)} fake GPUs ({what}): scheduled like real ones, for demos and tests"
+                                      + kept))
     else:
-        rows.append(Check("GPUs", OK, f"{len(gpus)} GPUs via {backend} ({what})"))
+        rows.append(Check("GPUs", OK, f"{len(gpus)} GPUs via {backend} ({what}){kept}"))
     rows.extend(foreign_rows(gpus))
     draining = [str(g["index"]) for g in gpus if g.get("draining")]
     if draining:
