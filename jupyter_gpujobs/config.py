@@ -246,7 +246,8 @@ class GPUJobs(Configurable):
                                      "0: at once. Keeps a requeued job from being preempted again and again.")
     foreign_memory_threshold = Integer(
         300, allow_none=True, config=True,
-        help="A GPU that no job holds with more memory in use than this (MiB) is used by a process outside the "
+        help="A GPU that no job holds on which processes hold more memory than this (MiB; never counting what "
+             "the driver reserves for itself) is used by a process outside the "
              "queue: no job is started there until it is released or an admin overrides it "
              "(POST gpus/foreign, `jupyter gpujobs gpus --override N`). None: never.")
     time_limit_warning = Union([Integer(), Unicode()], default_value="5m", config=True,
