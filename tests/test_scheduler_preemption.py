@@ -88,6 +88,28 @@ def test_a_guarantee_preempts_borrowers_when_the_urgent_reserve_is_full() -> Non
     assert plan.preemptions == [] and plan.reasons[44] == "the last 1 GPUs are kept for urgent jobs"
 
 
+def test_a_victim_requeued_while_the_other_stops_waits_when_the_urgent_reserve_is_full() -> None:
+    # issue 32: alice's 2-GPU job 42 preempted bob's 11 and 12 (GPUs 1, 2) past a full reserve;
+    # 11 has exited and is requeued, 12 is in its grace. The room outside the reserve is
+    # alice's: job 11 must not start on GPU 3 (then alice would find the reserve full again,
+    # preempt it again, and so on); it waits, and alice starts once 12 is gone
+    pol = replace(GUARANTEE, urgent_reserve_gpus=1)
+    kept = run(10, "h0", (0,), user="bob", borrowed=True, started=NOW - 1000)
+    stopping = run(12, "h0", (2,), user="bob", borrowed=True, started=NOW - 900)
+    pending = [job(11, user="bob", age=5000), job(42, user="alice", gpus=2)]
+    for depth in (100, 0):
+        for estimate in (True, False):
+            p = replace(pol, reservation_depth=depth)
+            plan = schedule(NOW, pending, [kept, stopping], gpus(1, 4), p, estimate=estimate,
+                            claims=[Claim(42, (12,), NOW + 25)])
+            assert plan.starts == [] and plan.preemptions == [], (depth, estimate)
+            assert plan.reasons[42] == "waiting for preempted job 12 to exit"
+            assert plan.reasons[11] == "the last 1 GPUs are kept for urgent jobs", (depth, estimate)
+            plan = schedule(NOW, pending, [kept], gpus(1, 4), p, estimate=estimate, claims=[Claim(42, (), NOW + 25)])
+            assert started(plan) == [42] and plan.preemptions == [], (depth, estimate)
+            assert plan.reasons[11] == "the last 1 GPUs are kept for urgent jobs"
+
+
 def test_a_gpu_in_use_outside_the_queue_is_not_handed_out() -> None:
     text = "in use by a process outside the queue (7.6 GB, pid 1234, user bob)"
     inv = [GPU(i, f"u{i}", "A100", foreign=text if i == 1 else None) for i in range(3)]

@@ -75,7 +75,8 @@ class Preempting:
         return why
 
     def _hold(self, j: Job, k: int, limit: float, p: int, victims: Sequence[Job], start: float) -> None:
-        """Book `j` from `start` on pool p: on its victims' GPUs, and free ones for the rest."""
+        """Book `j` from `start` on pool p: on its victims' GPUs, and free ones for the rest;
+        against the limits it counts from now."""
         cl = self.cluster
         gpus = [i for v in victims if v.host == cl.pool_host[p] for i in v.assigned_gpus]
         need = k - len(gpus)
@@ -83,7 +84,9 @@ class Preempting:
             gpus += sorted(i for i in cl.free[p] if i not in cl.hole[p] and i not in gpus)[:need]
         cl.reserve_on(p, gpus[:k], limit, start)
         self._cluster_changed()
-        self._book(j, self._limits_of(j), start, start + limit)
+        # it holds its GPUs against the limits from now: a victim requeued meanwhile must not
+        # take the room it leaves (outside the urgent reserve, in a quota) and be preempted again
+        self._book(j, self._limits_of(j), start, start + limit, held=True)
         self.plan.reasons[j.id] = victims_text(victims)
         self.expected[j.id] = start
 

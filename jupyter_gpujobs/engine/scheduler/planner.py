@@ -514,9 +514,12 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
         expected[jid] = start
 
     def _book(self, j: Job, lims: list[tuple[Limit, bool]], start: float, end: float,
-              counts_now: bool = True, amount: float | None = None) -> None:
-        """Book a job on its limits' time lines; `amount`: the GPUs it counts (a share's fraction)."""
+              counts_now: bool = True, amount: float | None = None, held: bool = False) -> None:
+        """Book a job on its limits' time lines; `amount`: the GPUs it counts (a share's
+        fraction); `held`: it counts as running now though it starts later (a preemptor's
+        GPUs are its own while its victims stop)."""
         gpus = j.gpus if amount is None else amount
+        at = INF if held else self.now if counts_now else -INF
         for lim, per_gpu in lims:
-            lim.book(start, end, gpus if per_gpu else 1, self.now if counts_now else -INF)
+            lim.book(start, end, gpus if per_gpu else 1, at)
 
