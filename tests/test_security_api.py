@@ -140,6 +140,12 @@ def test_the_helper_sees_what_the_user_sees(open_tmp: Path) -> None:
     with pytest.raises(HelperFailed):
         asyncio.run(check_notebook(U1, str(home / "good.ipynb"), bounds=Bounds(timeout_s=0.001)))
 
+    async def many() -> list[str]:  # more at once than one user's slots: they take turns
+        checks = [check_notebook(U1, str(home / "good.ipynb"), bounds=bounds) for _ in range(6)]
+        return [v.notebook for v in await asyncio.gather(*checks)]
+
+    assert asyncio.run(many()) == ["ok"] * 6
+
 
 # ------------------------------------------------------------------------------ the team
 

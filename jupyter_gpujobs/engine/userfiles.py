@@ -7,7 +7,7 @@ loop, a GB of memory), or a file only root may read (the answer would tell them 
 it). So the looking is done by a small helper process that runs with the user's uid, gid and
 groups (`runners.users.account`), in its own session, with a CPU-time and address-space
 limit of its own, fed a request on stdin and read back from at most `MAX_ANSWER` bytes of its
-stdout; it is killed at the deadline. It opens the file with O_NONBLOCK (a FIFO does not
+stdout; it is killed at the deadline, and one user has at most `MAX_PER_USER` running at once. It opens the file with O_NONBLOCK (a FIFO does not
 block the open), refuses anything but a regular file, checks the size from fstat before
 reading, and parses the notebook itself: the engine receives a verdict, never the file.
 Whatever the helper sees, the user could see for themselves, so its answers tell nothing
@@ -26,6 +26,8 @@ import os
 import signal
 import stat
 import sys
+import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -165,12 +167,39 @@ def helper_python(preferred: str = "") -> str:
     return os.path.realpath(sys.executable)
 
 
+#: Helpers one user may have running at once: more wait for a slot, within their own time, so
+#: a flood of submissions costs its sender, not the machine.
+MAX_PER_USER = 2
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary())
+
+
 async def _run_helper(unix_user: str | None, request: dict[str, Any], bounds: Bounds,
                       python: str = "") -> dict[str, Any]:
     """Run the helper as `unix_user` (None: as the engine's own user) on `request`; its
-    answer. HelperFailed when it gives none within `bounds.timeout_s`."""
+    answer. HelperFailed when it gives none within `bounds.timeout_s` (waiting for a slot
+    included)."""
+    slots = _slots.setdefault(asyncio.get_running_loop(), {})
+    slot = slots.setdefault(unix_user or "", asyncio.Semaphore(MAX_PER_USER))
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(slot.acquire(), bounds.timeout_s)
+    except asyncio.TimeoutError:
+        raise HelperFailed(f"{MAX_PER_USER} earlier checks were still running after {bounds.timeout_s:g} s") from None
+    try:
+        left = max(0.001, bounds.timeout_s - (time.monotonic() - started))
+        return await _helper(unix_user, request, Bounds(bounds.max_bytes, left), python)
+    finally:
+        slot.release()
+
+
+async def _helper(unix_user: str | None, request: dict[str, Any], bounds: Bounds, python: str) -> dict[str, Any]:
+    """One run of the helper (`_run_helper`)."""
     who: dict[str, Any] = {}
-    acct = account(unix_user) if unix_user else None
+    try:
+        acct = account(unix_user) if unix_user else None
+    except KeyError:
+        raise HelperFailed(f"{unix_user} is not a user on this machine") from None
     if acct is not None:
         _name, uid, gid, _home, _shell, groups = acct
         who = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[arg-type]
@@ -179,14 +208,16 @@ async def _run_helper(unix_user: str | None, request: dict[str, Any], bounds: Bo
     memory = 512 * (1 << 20) + 16 * bounds.max_bytes
     payload = json.dumps({**request, "max_bytes": bounds.max_bytes, "cpu_s": cpu_s,
                           "memory_bytes": memory}).encode()
+    interpreter = helper_python(python)
     try:
         proc = await asyncio.create_subprocess_exec(
-            helper_python(python), "-I", "-S", "-c", HELPER,
+            interpreter, "-I", "-S", "-c", HELPER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
             close_fds=True, **who)
     except OSError as err:
-        raise HelperFailed(f"could not start the checking process: {err.strerror or err}") from None
+        raise HelperFailed(f"could not start the checking process ({interpreter}: {err.strerror or err}); an admin "
+                           "may set c.GPUJobs.job_python to a Python every user may run") from None
     assert proc.stdin is not None and proc.stdout is not None
 
     async def exchange() -> bytes:
