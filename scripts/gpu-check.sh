@@ -167,11 +167,13 @@ fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpujobs-check.XXXXXX")"
 SERVER_PID=""
 stop_server() {
+  # SIGTERM: a clean stop (SIGINT would make the server ask for a confirmation first)
   if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -INT "$SERVER_PID" 2>/dev/null
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -TERM "$SERVER_PID" 2>/dev/null
+    for _ in $(seq 20); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
     kill -KILL "$SERVER_PID" 2>/dev/null
   fi
+  [ -n "$SERVER_PID" ] && wait "$SERVER_PID" 2>/dev/null
   SERVER_PID=""
 }
 cleanup() {
