@@ -51,12 +51,19 @@ class StreamPump:
     of them into the log, in the order it comes, and before each stderr piece appends its byte
     range to `stderr.spans`. The log stays what `jupyter gpujobs log` and the panel show; the
     magic reads the spans to send stderr to the notebook as stderr. Started only when fds 1 and
-    2 are the same regular file (the supervisor's log); otherwise they are apart already."""
+    2 are the same regular file (the supervisor's log) or the same pipe (to a supervisor that
+    caps the log, which says where this run's output starts in it: GPUJOBS_LOG_OFFSET; the
+    spans then count from there, and are off once the supervisor cuts the log); otherwise
+    they are apart already."""
 
     def __init__(self, folder: Path):
         self.spans_path = folder / STDERR_SPANS
         self.log_fd = os.dup(1)
         self.pipes: dict[int, int] = {}  # read end -> 1 or 2
+        #: where the next byte lands in the log, when fd 1 is a pipe to the supervisor (else None: fstat says)
+        self.offset: int | None = None
+        if stat.S_ISFIFO(os.fstat(1).st_mode):
+            self.offset = int(os.environ.get("GPUJOBS_LOG_OFFSET") or 0)
         self._thread = threading.Thread(target=self._run, name="gpujobs-streams", daemon=True)
 
     @staticmethod
@@ -65,7 +72,8 @@ class StreamPump:
             out, err = os.fstat(1), os.fstat(2)
         except OSError:
             return False
-        return stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+        return ((stat.S_ISREG(out.st_mode) or stat.S_ISFIFO(out.st_mode) and "GPUJOBS_LOG_OFFSET" in os.environ)
+                and (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino))
 
     def start(self) -> None:
         self.spans = open(self.spans_path, "a", buffering=1)
@@ -89,9 +97,11 @@ class StreamPump:
                     os.close(key.fd)
                     open_ends -= 1
                     continue
+                start = os.fstat(self.log_fd).st_size if self.offset is None else self.offset  # the log appends
                 if self.pipes[key.fd] == 2:
-                    start = os.fstat(self.log_fd).st_size  # the log is opened for appending
                     self.spans.write(f"{start} {start + len(data)}\n")
+                if self.offset is not None:
+                    self.offset += len(data)
                 while data:
                     data = data[os.write(self.log_fd, data):]
 

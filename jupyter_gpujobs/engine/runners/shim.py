@@ -11,7 +11,8 @@ Jupyter server that started it. The shim owns one run from start to result:
   GPUJOBS_KILL_GRACE, GPUJOBS_PREEMPT_GRACE; GPUJOBS_FAKE=1 on fake GPUs; PYTHONUNBUFFERED=1) and starts the
   command in its own process group with stdout and stderr merged into the log file, or, with a
   log cap (`log_max_bytes`), into a pipe the supervisor copies to the log (`CappedLog`: the head
-  and the latest tail are kept, with a line saying how much was cut between them);
+  and the latest tail are kept, with a line saying how much was cut between them), telling the
+  job where its output starts in the log (GPUJOBS_LOG_OFFSET);
 - gives the job a private /tmp (a folder of its run directory, bind-mounted) and /dev/shm (a
   fresh tmpfs) in a mount namespace of its own when the runner asks (`private_tmp`), and
   removes that /tmp when the job has ended;
@@ -773,6 +774,7 @@ class Shim:
         cap = int(spec.get("log_max_bytes") or 0)
         if cap:
             self.output = OutputPipe(log_fd, cap)
+            env["GPUJOBS_LOG_OFFSET"] = str(log_start)  # where its output starts in the log (cell jobs' spans)
         try:
             pid = spawn(command, cwd, env, self.output.write_fd if self.output else log_fd, self.cg,
                         (user[0], user[1], user[2], user[5]) if user else None, tmp_dir, tmp_keep)
