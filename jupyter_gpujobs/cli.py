@@ -212,8 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="one job and its events")
     sh.add_argument("id", type=int)
     sh.add_argument("--json", action="store_true")
-    c = sub.add_parser("cancel", help="cancel jobs")
-    c.add_argument("ids", type=int, nargs="+")
+    c = sub.add_parser("cancel", help="cancel jobs (many at once in one request)")
+    c.add_argument("ids", type=int, nargs="*")
+    which = c.add_mutually_exclusive_group()
+    which.add_argument("--user", help="every active job of this user (yours; admins: anyone's)")
+    which.add_argument("--array", type=int, metavar="ID", help="every active task of this array")
+    which.add_argument("--all", action="store_true", help="every active job you may cancel (admins: everyone's)")
     lg = sub.add_parser("log", help="print a job's output")
     lg.add_argument("id", type=int)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
@@ -473,16 +477,20 @@ def run(argv: Sequence[str]) -> int:
             for e in client.events(args.id):
                 print(safe_text(f"  {_when(e['time'])}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":
-        failed = 0
-        for job_id in args.ids:
-            try:
-                job = client.cancel(job_id)
-                print(f"job {job_id} {job['state']}")
-            except GPUJobsError as err:
-                said = safe_text(err.message)  # the engine's message names the job as a rule
-                print(f"error: {said}" if f"job {job_id}" in said else f"error: job {job_id}: {said}", file=sys.stderr)
-                failed += 1
-        return 1 if failed else 0
+        if bool(args.ids) == bool(args.user is not None or args.array is not None or args.all):
+            print("error: give job ids, or one of --user, --array, --all", file=sys.stderr)
+            return 2
+        done = client.cancel_many(ids=args.ids or None, user=args.user, array=args.array, all=args.all)
+        for job_id in done["cancelled"]:
+            print(f"job {job_id} CANCELLED")
+        for job_id in done["stopping"]:
+            print(f"job {job_id} stopping")
+        for job_id, why in done["errors"].items():
+            said = safe_text(why)  # the engine's message names the job as a rule
+            print(f"error: {said}" if f"job {job_id}" in said else f"error: job {job_id}: {said}", file=sys.stderr)
+        if not args.ids and not done["cancelled"] and not done["stopping"]:
+            print("no active jobs to cancel")
+        return 1 if done["errors"] else 0
     elif args.cmd == "log":
         if args.follow:
             for chunk in client.follow_log(args.id):

@@ -242,6 +242,14 @@ class _Calls:
         """Cancel a pending or running job; returns it as it is after up to a few seconds."""
         return self._call("DELETE", f"jobs/{int(job_id)}")
 
+    def cancel_many(self, ids: list[int] | None = None, user: str | None = None, array: int | None = None,
+                    all: bool = False) -> Any:
+        """Cancel many jobs in one request (one of: these ids, a user's, an array's, all you may):
+        `{"cancelled": [...], "stopping": [...], "errors": {id: why}}`."""
+        body: dict[str, Any] = ({"ids": [int(i) for i in ids]} if ids is not None else {"user": user} if user is not None
+                                else {"array": int(array)} if array is not None else {"all": True} if all else {})
+        return self._call("POST", "jobs/cancel", body=body)
+
     def end(self, job_id: int, state: str = "COMPLETED", reason: str | None = None) -> Any:
         """Report the end of a job whose process the engine did not start (a kernel)."""
         return self._call("POST", f"jobs/{int(job_id)}/end", body=_drop_none({"state": state, "reason": reason}))

@@ -161,8 +161,8 @@ class Cycle:
             s.estimates_predicted = plan.predicted
         started = {st.job_id for st in plan.starts}
         s.set_queue(plan, [jid for jid in plan.order if jid not in started] if started else plan.order)
-        for job_id, reason in plan.cancels:
-            self.events.set_state(job_id, JobState.CANCELLED, "scheduler", reason, expect=(JobState.PENDING,))
+        if plan.cancels:  # (a whole chain in one transaction)
+            self.events.set_states(dict(plan.cancels), JobState.CANCELLED, "scheduler", expect=(JobState.PENDING,))
         for p in plan.preemptions:
             victim = s.running.get(p.job_id)
             if victim is None:  # no longer running

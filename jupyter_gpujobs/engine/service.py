@@ -250,6 +250,12 @@ class JobService:
             return await self.mirror.cancel(job, user, wait_s)
         return await self.supervisors.cancel(job, user, wait_s)
 
+    async def cancel_many(self, user: str, ids: list[int] | None = None, of_user: str | None = None,
+                          array: int | None = None) -> dict[str, Any]:
+        """Cancel these jobs, or all active ones `user` may cancel (of `of_user`, of an
+        array): the pending ones in one store transaction (`Supervisors.cancel_many`)."""
+        return await self.supervisors.cancel_many(user, ids, of_user, array, self.cancel)
+
     async def wait_ended(self, job_id: int, timeout: float) -> Job:
         return await self.job_events.wait_ended(job_id, timeout)
 

@@ -299,6 +299,34 @@ class JobHandler(GPUJobsHandler):
         self.reply(self.service.view(job))
 
 
+class JobsCancelHandler(GPUJobsHandler):
+    """`POST jobs/cancel` with one of `{"ids": [...]}`, `{"user": "bob"}`, `{"array": ID}` or
+    `{"all": true}`: cancel many jobs at once (of those, the ones the caller may cancel; a
+    user's own unless an admin), the pending ones in one store transaction."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        body = self.json_object("saying which jobs to cancel")
+        unknown = sorted(set(body) - {"ids", "user", "array", "all"})
+        if unknown:
+            raise ApiError(400, unknown[0], f"unknown field {unknown[0]!r}: give ids, user, array or all")
+        if len(body) != 1 or body.get("all", True) is not True:
+            raise ApiError(400, "body", "give exactly one of ids (a list of job ids), user, array or all: true")
+        ids = body.get("ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not ids or len(ids) > 100_000:
+                raise ApiError(400, "ids", "ids must be a list of 1 to 100000 job ids")
+            ids = [parse_id(i, "ids") for i in ids]
+        user = body.get("user")
+        if user is not None and (not isinstance(user, str) or not 0 < len(user) <= 128):
+            raise ApiError(400, "user", "user must be a user name")
+        array = body.get("array")
+        if array is not None:
+            array = parse_id(array, "array")
+        self.reply(await self.service.cancel_many(self.owner, ids, user, array))
+
+
 class JobEndHandler(GPUJobsHandler):
     """`POST jobs/{id}/end {"state": "COMPLETED", "reason": "..."}`: the end of a job the engine
     did not launch itself (a kernel, reported by the kernel provisioner)."""
@@ -604,6 +632,7 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/jobs/?", JobsHandler),
     (rf"/{API}/jobs/{JOB_ID}/log/?", JobLogHandler),
     (rf"/{API}/jobs/{JOB_ID}/events/?", JobEventsHandler),
+    (rf"/{API}/jobs/cancel/?", JobsCancelHandler),
     (rf"/{API}/jobs/{JOB_ID}/end/?", JobEndHandler),
     (rf"/{API}/jobs/{JOB_ID}/adopt/?", JobAdoptHandler),
     (rf"/{API}/jobs/{JOB_ID}/?", JobHandler),

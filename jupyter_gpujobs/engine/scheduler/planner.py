@@ -26,7 +26,7 @@ May call: the scheduler's pure modules and the model; nothing of the engine, no 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from functools import cached_property
 from itertools import compress
 from operator import attrgetter
@@ -98,6 +98,18 @@ class _Active:
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self.pending or job_id in self.running
+
+
+class _Without:
+    """Ids in `ids` but not in `gone`."""
+
+    __slots__ = ("ids", "gone")
+
+    def __init__(self, ids: Container[int], gone: set[int]):
+        self.ids, self.gone = ids, gone
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id not in self.gone and job_id in self.ids
 
 
 class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
@@ -209,7 +221,8 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
         queue: Collection[Job] = pending
         waiting_dep: dict[int, int] = {}
         cancelled: set[int] = set()
-        for j in compress(pending, map(_depends, pending)):  # the few jobs with dependencies
+        with_deps = list(compress(pending, map(_depends, pending)))  # the few jobs with dependencies
+        for j in with_deps:
             status, what = dependency_status(j, self.finished, self.active)
             if status == "cancel":
                 plan.cancels.append((j.id, str(what)))
@@ -217,6 +230,7 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
             elif status == "wait":
                 waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
         if cancelled:
+            self._cancel_dependents(with_deps, cancelled, waiting_dep)
             queue = [j for j in pending if j.id not in cancelled]
             by_id = {i: j for i, j in by_id.items() if i not in cancelled}
         arranged = self.order.arrange(queue, by_id) if self.order is not None else None
@@ -277,6 +291,29 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
             for jid in first & {s.job_id for s in plan.starts}:
                 reasons.pop(jid, None)
         return plan
+
+    def _cancel_dependents(self, with_deps: list[Job], cancelled: set[int], waiting_dep: dict[int, int]) -> None:
+        """The jobs that a cancel of this cycle leaves without their dependency are cancelled
+        in this cycle too, all down a chain (not one link per cycle)."""
+        dependents: dict[int, list[Job]] = {}
+        for j in with_deps:
+            for d in j.depends:
+                dependents.setdefault(d.job_id, []).append(j)
+        finished = dict(self.finished)
+        active = _Without(self.active, cancelled)
+        todo = list(cancelled)
+        while todo:
+            gone = todo.pop()
+            finished[gone] = JobState.CANCELLED
+            for j in dependents.get(gone, ()):
+                if j.id in cancelled:
+                    continue
+                status, what = dependency_status(j, finished, active)
+                if status == "cancel":
+                    self.plan.cancels.append((j.id, str(what)))
+                    cancelled.add(j.id)
+                    waiting_dep.pop(j.id, None)
+                    todo.append(j.id)
 
     def _place_now(self, j: Job) -> None:
         """`_place` from now, or from its begin time or the next off-peak window."""
