@@ -53,6 +53,25 @@ class Events:
                                  released_at=released_at, **fields)
         if job is None:
             return None
+        self._changed(job, state, actor, reason, now, data)
+        return job
+
+    def set_states(self, reasons: dict[int, str], state: JobState, actor: str,
+                   expect: tuple[JobState, ...]) -> list[Job]:
+        """`set_state` of many jobs (id -> reason) to a final state in one store transaction
+        (`Store.transition_many`): the cancel of a chain, an array or a user's jobs."""
+        now = self.state.clock()
+        jobs = self.state.store.transition_many(reasons, state, actor, now, expect=expect)
+        for job in jobs:
+            self._changed(job, state, actor, reasons[job.id], now, None)
+        return jobs
+
+    def _changed(self, job: Job, state: JobState, actor: str, reason: str, now: float,
+                 data: dict[str, Any] | None) -> None:
+        """What follows a stored change of state: the active jobs, the bookkeeping the job
+        carried, the waiters, the cycle's wake-up and the publication."""
+        s = self.state
+        job_id = job.id
         if state.is_final:
             if self.release_external is not None and job.kind in EXTERNAL_KINDS and actor != "runner":
                 # a kernel under Slurm ended by its provisioner or the engine: end its Slurm job too
@@ -70,7 +89,6 @@ class Events:
         s.wake()
         self.publish(job, {"job_id": job_id, "time": now, "state": state.value, "actor": actor,
                            "reason": reason, "data": data or {}})
-        return job
 
     async def wait_ended(self, job_id: int, timeout: float) -> Job:
         job = self.state.get(job_id)

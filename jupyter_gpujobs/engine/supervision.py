@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..model import GPU, Job, JobState
 from .access import Access
+from .errors import NotFound, PermissionDenied
 from .events import Events
 from .inventory import Inventory
 from .kernels import Kernels
@@ -195,6 +197,44 @@ class Supervisors:
         else:
             self.terminate(job, reason, "cancelled", s.kill_grace_s, actor=user)
         return await self.events.wait_ended(job.id, wait_s)
+
+    async def cancel_many(self, user: str, ids: list[int] | None, of_user: str | None, array: int | None,
+                          stop: Callable[[int, str, float], Awaitable[Job]], wait_s: float = 3.0) -> dict[str, Any]:
+        """Cancel many jobs at once: these `ids`, or every active job (of `of_user`, of the
+        array whose first task is `array`) that `user` may cancel. The pending ones end in one
+        store transaction (`Events.set_states`); the running ones are told to stop (`stop`), and
+        waited for up to `wait_s` together. Returns the ids cancelled and still stopping, and
+        why others were not."""
+        s = self.state
+        errors: dict[str, str] = {}
+        targets: list[Job] = []
+        if ids is not None:
+            for job_id in dict.fromkeys(ids):
+                try:
+                    job = s.get(job_id)
+                    self.access.check_owner(job, user)
+                except (NotFound, PermissionDenied) as err:
+                    errors[str(job_id)] = str(err)
+                    continue
+                if not job.state.is_final:
+                    targets.append(job)
+        else:
+            if of_user is not None and of_user != user and not self.access.is_admin(user):
+                raise PermissionDenied(f"only {of_user} or an admin may cancel the jobs of {of_user}")
+            mine = None if self.access.is_admin(user) else user
+            targets = [j for j in [*s.pending.values(), *s.running.values()]
+                       if (mine is None or j.user == mine) and (of_user is None or j.user == of_user)
+                       and (array is None or j.id == array or j.array_job_id == array)]
+        reason = f"cancelled by {user}"
+        pending = {j.id: reason for j in targets if j.state is JobState.PENDING}
+        cancelled = [j.id for j in self.events.set_states(pending, JobState.CANCELLED, user, expect=(JobState.PENDING,))]
+        running = [j.id for j in targets if j.state is JobState.RUNNING]
+        for job_id in running:
+            await stop(job_id, user, 0.0)
+        ended = await asyncio.gather(*(self.events.wait_ended(i, wait_s) for i in running))
+        cancelled += [j.id for j in ended if j.state is JobState.CANCELLED]
+        stopping = [j.id for j in ended if not j.state.is_final]
+        return {"cancelled": cancelled, "stopping": stopping, "errors": errors}
 
     def terminate(self, job: Job, reason: str, outcome: str, grace_s: int, actor: str = "engine") -> None:
         s = self.state

@@ -534,6 +534,36 @@ class Store:
             return _to_job(row)
 
     @_writes
+    def transition_many(self, reasons: dict[int, str], state: JobState, actor: str, now: float,
+                        expect: Sequence[JobState]) -> list[Job]:
+        """`transition` of many jobs (id -> reason) to a final `state`, each with its event, in
+        one transaction: a cancel of a chain, an array or a user's jobs takes one commit, not
+        one per job. Jobs not in one of the `expect` states are left as they are."""
+        if not reasons:
+            return []
+        assert JobState(state).is_final
+        expected = {JobState(e).value for e in expect}
+        moved: list[Job] = []
+        ids = sorted(reasons)
+        with self._session.begin() as s:
+            for at in range(0, len(ids), 500):  # (bound parameters per statement)
+                part = ids[at:at + 500]
+                rows = s.scalars(select(JobRow).where(JobRow.id.in_(part)).with_for_update()).all()
+                done = [r for r in rows if r.state in expected]
+                for row in done:
+                    row.state, row.reason, row.ended_at = JobState(state).value, reasons[row.id], now
+                    s.add(EventRow(job_id=row.id, time=now, state=row.state, actor=actor,
+                                   reason=row.reason, data={}))
+                if done:
+                    s.execute(update(AllocationRow)
+                              .where(AllocationRow.job_id.in_([r.id for r in done]),
+                                     AllocationRow.released_at.is_(None))
+                              .values(released_at=now))
+                s.flush()
+                moved += [_to_job(r) for r in done]
+        return moved
+
+    @_writes
     def start(
         self,
         job_id: int,
