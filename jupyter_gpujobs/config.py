@@ -214,6 +214,36 @@ def retention_seconds(value: Any, name: str = "c.GPUJobs.job_retention") -> int:
     return parse_duration(value, name)
 
 
+def server_time_zone() -> str:
+    """The IANA name of the server's time zone: TZ when it names one, else the zone that
+    /etc/localtime links to, else /etc/timezone; "" when none is found (then a fixed offset,
+    the zone's standard time, is all that is known)."""
+    from zoneinfo import ZoneInfo
+
+    candidates = [os.environ.get("TZ", "").removeprefix(":")]
+    if not candidates[0]:
+        try:
+            target = os.path.realpath("/etc/localtime")
+            if "/zoneinfo/" in target:
+                candidates.append(target.split("/zoneinfo/", 1)[1])
+        except OSError:
+            pass
+        try:
+            with open("/etc/timezone") as f:
+                candidates.append(f.read().strip())
+        except OSError:
+            pass
+    for name in candidates:
+        if not name or name.startswith("/"):
+            continue
+        try:
+            ZoneInfo(name)
+            return name
+        except (ValueError, OSError, KeyError):
+            continue
+    return ""
+
+
 class GPUJobs(Configurable):
     """Settings of the jupyter-gpujobs engine (`c.GPUJobs.<name>` in jupyter_server_config.py)."""
 
@@ -292,7 +322,25 @@ class GPUJobs(Configurable):
                                         "process) may take before the submission is refused.")
     preemption = Bool(True, config=True, help="Let guaranteed and urgent jobs reclaim GPUs from borrowers.")
     offpeak_windows = List(Unicode(), default_value=["mon-fri 20:00-08:00", "sat-sun"], config=True,
-                           help="Off-peak windows in local time for --when offpeak jobs.")
+                           help="Off-peak windows in local time (c.GPUJobs.time_zone) for --when offpeak jobs.")
+    time_zone = Unicode("", config=True,
+                        help="The IANA time zone (e.g. 'Europe/Berlin') of off-peak windows and of the times "
+                             "in reasons, reservations and habits; its real offset at each instant is used, "
+                             "so daylight saving moves nothing. Empty: the server's own zone (TZ, else "
+                             "/etc/localtime).")
+
+    @validate("time_zone")
+    def _valid_time_zone(self, proposal: dict[str, Any]) -> str:
+        name = str(proposal["value"]).strip()
+        if name:
+            from zoneinfo import ZoneInfo
+
+            try:
+                ZoneInfo(name)
+            except (ValueError, OSError, KeyError):  # ZoneInfoNotFoundError is a KeyError
+                raise TraitError(f"c.GPUJobs.time_zone: unknown time zone {name!r}; use an IANA name such as "
+                                 "'Europe/Berlin' or 'America/New_York'") from None
+        return name
     admin_users = List(Unicode(), config=True, help="Users who may see and cancel every job and set quotas. "
                                                     "The user running the server is always an admin.")
     user_identity = Unicode("auto", config=True,
@@ -314,6 +362,24 @@ class GPUJobs(Configurable):
                         "cgroups (root); 'v2': the cgroup v2 hierarchy alone (the fence a BPF device "
                         "program), as on a v2-only host; 'off' keeps to subreaper supervision and "
                         "CUDA_VISIBLE_DEVICES.")
+    job_environment = Enum(["auto", "inherit", "clean"], default_value="auto", config=True,
+                           help="What a job gets of the engine's own environment: 'clean' (PATH, LANG, LC_*, TZ "
+                                "and the names in job_env_allow, then the job's own variables: never a credential "
+                                "of the engine's); 'inherit' (all of it, for jobs run as the engine's own user); "
+                                "'auto': inherit in a personal server's engine (the user's own session), clean "
+                                "in the shared engine and for every job run as another user.")
+    job_env_allow = List(Unicode(), config=True,
+                         help="More names (shell patterns: 'CUDA_*') of the engine's environment a clean job "
+                              "environment keeps, e.g. ['http_proxy', 'https_proxy', 'LD_LIBRARY_PATH'].")
+    private_tmp = Enum(["auto", "off"], default_value="auto", config=True,
+                       help="Give each job a private /tmp (a folder of its run directory, removed at its end) and "
+                            "/dev/shm (a tmpfs of its own) in a mount namespace: 'auto' where the host allows "
+                            "one (the engine runs as root); the start line, `jupyter gpujobs gpus` and doctor "
+                            "say whether it is in force. A job whose working directory is under /tmp keeps the "
+                            "machine's /tmp.")
+    log_max_bytes = Integer(1 << 30, config=True,
+                            help="Largest log of a job, in bytes (0: no cap; at least 65536): past it the first "
+                                 "half and the newest output are kept, with a line saying how much was cut.")
     engine_url = Unicode("", config=True,
                          help="The shared engine this server forwards to, e.g. "
                               "'unix:///run/jupyter-gpujobs/engine.sock'. Empty: that default socket when it "
@@ -380,24 +446,6 @@ class GPUJobs(Configurable):
                help="Run an NVIDIA MPS control daemon per shared GPU and give each share job its pinned "
                     "memory limit and active thread percentage, so the driver enforces them. Needs "
                     "nvidia-cuda-mps-control; without it the engine says so and its watcher alone enforces shares.")
-    job_environment = Enum(["auto", "inherit", "clean"], default_value="auto", config=True,
-                           help="What a job gets of the engine's own environment: 'clean' (PATH, LANG, LC_*, TZ "
-                                "and the names in job_env_allow, then the job's own variables: never a credential "
-                                "of the engine's); 'inherit' (all of it, for jobs run as the engine's own user); "
-                                "'auto': inherit in a personal server's engine (the user's own session), clean "
-                                "in the shared engine and for every job run as another user.")
-    job_env_allow = List(Unicode(), config=True,
-                         help="More names (shell patterns: 'CUDA_*') of the engine's environment a clean job "
-                              "environment keeps, e.g. ['http_proxy', 'https_proxy', 'LD_LIBRARY_PATH'].")
-    private_tmp = Enum(["auto", "off"], default_value="auto", config=True,
-                       help="Give each job a private /tmp (a folder of its run directory, removed at its end) and "
-                            "/dev/shm (a tmpfs of its own) in a mount namespace: 'auto' where the host allows "
-                            "one (the engine runs as root); the start line, `jupyter gpujobs gpus` and doctor "
-                            "say whether it is in force. A job whose working directory is under /tmp keeps the "
-                            "machine's /tmp.")
-    log_max_bytes = Integer(1 << 30, config=True,
-                            help="Largest log of a job, in bytes (0: no cap; at least 65536): past it the first "
-                                 "half and the newest output are kept, with a line saying how much was cut.")
     mps_pipe_dir = Unicode("", config=True,
                            help="Folder of the MPS daemons' pipe directories (one per shared GPU). Empty: "
                                 "/run/jupyter-gpujobs/mps for a root engine, else mps/pipe in the state dir.")
@@ -651,6 +699,7 @@ class GPUJobs(Configurable):
             preempt_grace_s=self.seconds("preempt_grace"),
             preempt_min_runtime_s=retention_seconds(self.preempt_min_runtime, "c.GPUJobs.preempt_min_runtime"),
             offpeak_windows=tuple(parse_offpeak(w) for w in self.offpeak_windows),
-            utc_offset_s=-_time.timezone if not _time.daylight else -_time.altzone,
+            time_zone=self.time_zone or server_time_zone(),
+            utc_offset_s=-_time.timezone,  # where the server's zone has no name (see server_time_zone)
             use_predictions=self.use_predictions,
         )

@@ -796,7 +796,10 @@ class Policy:
     preempt_min_runtime_s: int = 60
     # deferral
     offpeak_windows: tuple[OffpeakWindow, ...] = ()
-    utc_offset_s: int = 0  # local time of the off-peak windows = UTC + offset
+    # local time of the off-peak windows, begin and reservation texts: the IANA zone `time_zone`
+    # (its real offset at each instant: scheduler/deferral.py LocalClock), else UTC + utc_offset_s
+    time_zone: str = ""
+    utc_offset_s: int = 0
     # expected starts from predicted runtimes (Job.predicted_runtime_s, set when confident) where
     # those are earlier than the time limits' start (Plan.predicted); starts and reservations
     # always follow the time limits
@@ -1182,11 +1185,13 @@ def validate_submission(
     }
 
 
-def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
-    """Epoch seconds from an epoch number, an ISO time ("2026-12-02T22:00", UTC unless it has an
-    offset), or a delay ("now+2h", "+30m"). A time may be in the past (the job may start now)
-    but not before 1970, and at most MAX_BEGIN_AHEAD_S (a year) ahead."""
-    from datetime import datetime, timezone
+def parse_begin(value: Any, now: float, field_name: str = "begin", zone: str = "") -> float:
+    """Epoch seconds from an epoch number, an ISO time ("2026-12-02T22:00": in the IANA zone
+    `zone`, or the server's local time without one, unless it has an offset), or a delay
+    ("now+2h", "+30m"). A time may be in the past (the job may start now) but not before 1970,
+    and at most MAX_BEGIN_AHEAD_S (a year) ahead."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         when_s = float(value) if abs(value) < 1e15 else float("inf")
@@ -1203,9 +1208,9 @@ def parse_begin(value: Any, now: float, field_name: str = "begin") -> float:
                 return now + delay
         try:
             when = datetime.fromisoformat(text)
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=timezone.utc)
-            when_s = when.timestamp()
+            if when.tzinfo is None and zone:
+                when = when.replace(tzinfo=ZoneInfo(zone))
+            when_s = when.timestamp()  # naive: the server's local time
         except (ValueError, OverflowError, OSError):
             raise InvalidInput(field_name, f"cannot read time {_short(value)}; use e.g. 2026-12-02T22:00 or "
                                            "+2h") from None

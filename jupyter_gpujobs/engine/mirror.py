@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import GPU, Job, JobState, Plan, Reasons
 from .runners import Exit, LaunchRequest
-from .scheduler.deferral import next_window_start
+from .scheduler.deferral import as_clock, next_offpeak
 
 if TYPE_CHECKING:
     from .cycle import Cycle
@@ -171,9 +171,9 @@ class Mirror:
         if job.offpeak:
             policy = self.state.policy
             now = self.state.clock()
-            local = next_window_start(now + policy.utc_offset_s, policy.offpeak_windows)
-            if local is not None:
-                begin = max(begin or 0.0, local - policy.utc_offset_s)
+            window = next_offpeak(now, policy.offpeak_windows, as_clock(policy))
+            if window is not None:
+                begin = max(begin or 0.0, window)
         return begin
 
     # ------------------------------------------------------------------ apply

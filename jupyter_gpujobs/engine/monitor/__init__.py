@@ -408,6 +408,7 @@ class Monitor:
     def _habits(self, now: float) -> None:
         """Recurring demand worth a weekly reservation, and quiet hours worth making off-peak
         (habits.py): one finding each, closed when the habit goes (or is reserved)."""
+        from ..scheduler.deferral import as_clock
         from .habits import covered, find_habits, offpeak_finding, proposal_finding, quiet_windows
         from .usage import heatmap_report
 
@@ -415,7 +416,7 @@ class Monitor:
         history = mstore.jobs_since(self.store, now - s.habits_lookback_weeks * 7 * 86400)
         policy = self.service.current_policy()
         keys = set()
-        for habit in find_habits(history, now, policy.utc_offset_s, s.habits_min_weeks, s.habits_lookback_weeks):
+        for habit in find_habits(history, now, as_clock(policy), s.habits_min_weeks, s.habits_lookback_weeks):
             if covered(habit, self.service.reservations):
                 continue
             finding = proposal_finding(habit)

@@ -13,7 +13,8 @@ Pure, no I/O and no clock (every input is a plain value):
 - `quiet_windows`: the hours of the weekday x hour utilization heatmap that stay below a
   threshold on every day with readings, as off-peak windows to suggest.
 
-Times are in the policy's local time (UTC + `utc_offset_s`), as off-peak windows and reasons.
+Times are in the policy's local time (`clock`: the zone's real offset at each instant, or a fixed
+offset in seconds), as off-peak windows and reasons.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from statistics import median
 from typing import Any
 
 from ...model import Job, Reservation
+from ..scheduler.deferral import LocalClock, as_clock
 from ..scheduler.reservations import occurrences_between
 from .diagnosis import Finding
 
@@ -93,17 +95,19 @@ def _peak(intervals: list[tuple[float, float, int]]) -> int:
     return peak
 
 
-def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: int = 0, min_weeks: int = 3,
+def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: LocalClock | int = 0, min_weeks: int = 3,
                 lookback_weeks: int = 8, max_share: float = 0.25) -> list[Habit]:
-    """Recurring demand in the history of ended (or running) jobs (see the module docstring)."""
+    """Recurring demand in the history of ended (or running) jobs (see the module docstring).
+    `utc_offset_s`: the local clock (or a fixed offset in seconds)."""
+    clock = as_clock(utc_offset_s)
     since = now - lookback_weeks * WEEK_S
-    this_week = int((now + utc_offset_s) // 86400 + 3) // 7
+    this_week = int(clock.local(now) // 86400 + 3) // 7
     # (kind, name, type, bracket, weekday, hour) -> week -> jobs
     cells: dict[tuple[str, str, str | None, int, int, int], dict[int, list[Job]]] = {}
     for j in jobs:
         if j.gpus < 1 or not since <= j.submitted_at <= now:
             continue
-        local = j.submitted_at + utc_offset_s
+        local = clock.local(j.submitted_at)
         day = int(local // 86400)
         week, weekday, hour = (day + 3) // 7, (day + 3) % 7, int(local % 86400 // 3600)
         kind, name = ("group", j.group) if j.group else ("user", j.user)
@@ -127,7 +131,7 @@ def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: int = 0, min_week
             h += 1
         ends, peaks = [], []
         for week, js in run.items():
-            day_start = (week * 7 + weekday - 3) * 86400.0 - utc_offset_s  # epoch of that local midnight
+            day_start = clock.utc((week * 7 + weekday - 3) * 86400.0)  # epoch of that local midnight
             ends.append((max(_demand_end(j) for j in js) - day_start) / 3600)
             peaks.append(_peak([(j.submitted_at, _demand_end(j), j.gpus) for j in js]))
         end_hour = min(hour + 24, max(h, math.ceil(median(ends) - 1e-9)))
@@ -135,11 +139,11 @@ def find_habits(jobs: Iterable[Job], now: float, utc_offset_s: int = 0, min_week
         if gpus < 1:
             continue
         # the next such window after now
-        day = int((now + utc_offset_s) // 86400)
+        day = int(clock.local(now) // 86400)
         ahead = (weekday - (day + 3) % 7) % 7
-        start = (day + ahead) * 86400.0 + hour * 3600 - utc_offset_s
+        start = clock.utc((day + ahead) * 86400.0 + hour * 3600)
         if start <= now:
-            start += WEEK_S
+            start = clock.utc((day + ahead + 7) * 86400.0 + hour * 3600)
         habits.append(Habit(kind, name, gtype, weekday, hour, end_hour, gpus, len(run), start))
     return habits
 

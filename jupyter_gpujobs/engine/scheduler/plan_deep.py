@@ -31,7 +31,7 @@ from itertools import compress, islice
 from operator import itemgetter
 
 from ...model import Job
-from .deferral import clock_text
+from .deferral import as_clock, clock_text
 from .placement import INF, AggregateLine, View
 from .plan_rules import _may_fit
 from .quotas import Limit
@@ -164,7 +164,7 @@ class DeepWalk:
         keys: list[tuple[object, ...]] | None = None
         families: dict[object, tuple[str, float, float] | None] = {}
         default_limit = self.default_limit
-        now, off = self.now, self.policy.utc_offset_s
+        now, off = self.now, as_clock(self.policy)
         jobs, cls = ordered[first:], classes[first:]
         for c, j in dict(zip(reversed(cls), reversed(jobs))).items():  # class -> its first job
             fk: object = family_of[c]

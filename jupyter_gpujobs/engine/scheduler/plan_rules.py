@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from heapq import heapify
 
 from ...model import Job, Reservation, Start
-from .deferral import clock_text, next_window_start
+from .deferral import as_clock, clock_text, next_offpeak
 from .placement import INF, View
 from .quotas import Limit
 from .reservations import AHEAD_S, HolderLine, gpus_text, occurrences, reserved_text
@@ -40,15 +40,15 @@ class Rules:
         now = self.now
         floor = now
         why: str | None = None
-        off = self.policy.utc_offset_s
+        clock = as_clock(self.policy)
         windows = self.policy.offpeak_windows
         if j.begin is not None and j.begin > now:
             floor = j.begin
-            why = f"begins at {clock_text(j.begin, now, off)}"
+            why = f"begins at {clock_text(j.begin, now, clock)}"
         if j.offpeak and windows:
-            nxt = self.offpeak_now if floor == now else next_window_start(floor + off, windows)
-            if nxt is not None and nxt - off > floor:
-                floor = nxt - off
+            nxt = self.offpeak_now if floor == now else next_offpeak(floor, windows, clock)
+            if nxt is not None and nxt > floor:
+                floor = nxt
                 why = "waiting for off-peak hours"
         return floor, why
 
@@ -172,7 +172,7 @@ class Rules:
                 self.reserved_gpus[(o.host, i)] = max(o.end, self.reserved_gpus.get((o.host, i), o.end))
                 if firm:
                     self.blocked_until[(o.host, i)] = self.reserved_gpus[(o.host, i)]
-            cl.reserved_text.setdefault(p, []).append(reserved_text(o, now, self.policy.utc_offset_s, one_host))
+            cl.reserved_text.setdefault(p, []).append(reserved_text(o, now, as_clock(self.policy), one_host))
             self.holder_lines.append(line)
             self.holder_users.update(o.reservation.users)
             self.holder_groups.update(o.reservation.groups)
@@ -228,7 +228,7 @@ class Rules:
         t, line = best
         line.book(k, t, limit)
         o = line.occ
-        when = clock_text(o.start, self.now, self.policy.utc_offset_s)
+        when = clock_text(o.start, self.now, self.policy)
         if o.start > self.now:
             return t, f"waiting for reservation {o.reservation.label} ({gpus_text(o.gpus)} from {when})"
         return t, f"waiting for its reserved {gpus_text(o.gpus)} (reservation {o.reservation.label})"

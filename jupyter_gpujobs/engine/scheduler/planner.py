@@ -32,7 +32,7 @@ from itertools import compress
 from operator import attrgetter
 
 from ...model import GPU, Claim, Job, JobState, Plan, Policy, Reservation, Start
-from .deferral import dependency_status, next_window_start
+from .deferral import as_clock, dependency_status, next_offpeak
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
 from .plan_deep import DeepWalk
@@ -240,8 +240,7 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
         ordered, classes, plan.queue_order = arranged
         plan.order = plan.queue_order.ids()  # the ids of `ordered`
         windows = policy.offpeak_windows
-        off = policy.utc_offset_s
-        offpeak_now = next_window_start(now + off, windows) if windows else None
+        offpeak_now = next_offpeak(now, windows, as_clock(policy)) if windows else None  # an instant
         later: list[Job] = []
         self.top_reserved: int | None = None
         self.fifo_blocked: int | None = None

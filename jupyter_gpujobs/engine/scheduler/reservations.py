@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...model import GPU, Reservation, gpu_matches_type
-from .deferral import clock_text
+from .deferral import LocalClock, clock_text
 
 PERIOD_S = {"daily": 86400, "weekly": 7 * 86400}
 #: how far ahead an occurrence blocks its GPUs on the time line (see the module docstring)
@@ -89,12 +89,12 @@ def gpus_text(indices: Sequence[int]) -> str:
     return ("GPU " if len(idx) == 1 else "GPUs ") + ", ".join(runs)
 
 
-def reserved_text(o: Occurrence, now: float, utc_offset_s: int, one_host: bool = True) -> str:
+def reserved_text(o: Occurrence, now: float, clock: LocalClock | int, one_host: bool = True) -> str:
     """Why others may not use its GPUs: "GPUs 0-1 are reserved for group vision from Fri 09:00"."""
     where = gpus_text(o.gpus) + ("" if one_host else f" on {o.host}")
     verb = "is" if len(o.gpus) == 1 else "are"
-    when = (f"until {clock_text(o.end, now, utc_offset_s)}" if o.start <= now
-            else f"from {clock_text(o.start, now, utc_offset_s)}")
+    when = (f"until {clock_text(o.end, now, clock)}" if o.start <= now
+            else f"from {clock_text(o.start, now, clock)}")
     return f"{where} {verb} reserved for {o.reservation.holders_text()} {when}"
 
 
