@@ -255,3 +255,24 @@ def test_doctor_reads_hidepid_from_the_proc_mount(tmp_path: Path) -> None:
     shared = check_hidepid(Context(url=None, token=None, client=Shared()))  # type: ignore[arg-type]
     if "without hidepid" in shared[0].found:
         assert shared[0].status == WARN and "hidepid=invisible" in shared[0].todo
+
+
+@needs_team
+def test_an_embedded_engine_gives_a_job_run_as_another_user_neither_its_env_nor_its_token(
+        live_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root Jupyter server hosting the engine, with named users who are Unix users: their jobs
+    run as them and get nothing of the server's environment, its token least of all."""
+    monkeypatch.setenv(SECRET_NAME, "hunter2-of-the-server")
+    server = live_server(fake_gpus="2xA100", users={"tok-u1": U1, "tok-u2": U2})
+    from jupyter_gpujobs.client import GPUJobsClient
+
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    job = u1.submit(["sh", "-c", "env; echo END"], gpus=0, cwd=pwd.getpwnam(U1).pw_dir, time_limit="1m")
+    deadline = time.monotonic() + 60
+    while (done := u1.job(job["id"]))["state"] not in ("COMPLETED", "FAILED"):
+        assert time.monotonic() < deadline, done
+        time.sleep(0.1)
+    env = u1.log(job["id"])["data"]
+    assert done["state"] == "COMPLETED" and "END" in env, (done["reason"], env)
+    assert f"USER={U1}" in env and f"GPUJOBS_URL={server.url}" in env
+    assert "hunter2" not in env and "GPUJOBS_TOKEN=" not in env and "test-token-" not in env, env
