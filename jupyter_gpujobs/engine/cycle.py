@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration
+from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration, preempt_grace
 from .admission import Admission
 from .events import Events
 from .inventory import Inventory
@@ -148,7 +148,7 @@ class Cycle:
             self.estimate_deferred = False
         s.ended_since_cycle = False
         order = None if estimate else s.plan.queue_order
-        claims = self._current_claims(now)
+        claims, orphans = self._current_claims(now)
         t_plan = time.perf_counter()
         gc.disable()  # a cycle makes only acyclic garbage; a collection now would scan the heap
         try:
@@ -167,12 +167,18 @@ class Cycle:
             victim = s.running.get(p.job_id)
             if victim is None:  # no longer running
                 continue
+            grace, short = preempt_grace(victim, s.policy)  # at least its signal's time, where the policy allows
             victims, until, _ = self.claims.get(p.by_job_id, (set(), 0.0, False))
-            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + s.policy.preempt_grace_s), False)
+            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + grace), False)
             if victim.kind in EXTERNAL_KINDS:
                 self.kernels.end_external(victim, JobState.CANCELLED, "scheduler", p.reason)
             else:
-                self.supervisors.terminate(victim, p.reason, "preempted", s.policy.preempt_grace_s)
+                if short and victim.id not in s.terminating:
+                    s.store.add_event(victim.id, "WARNING", "scheduler", f"preempted with a shorter grace: {short}",
+                                      now, data={"grace_s": grace})
+                self.supervisors.terminate(victim, p.reason, "preempted", grace)
+        if orphans:  # victims that no preemptor needs any more (chosen again, they keep stopping)
+            self._withdraw(orphans, {p.job_id for p in plan.preemptions})
         by_host = {(g.host, g.index): g for g in gpus}
         for start in plan.starts:
             job = s.pending.get(start.job_id)
@@ -184,21 +190,37 @@ class Cycle:
         del self.cycle_seconds[:-200]
         return plan
 
-    def _current_claims(self, now: float) -> list[Claim]:
+    def _current_claims(self, now: float) -> tuple[list[Claim], dict[int, int]]:
         """The claims of preemptors still pending, with their victims still running. A claim
         whose victims have all stopped is handed to one cycle (which places its preemptor
-        first), then dropped."""
+        first), then dropped. Also the orphans: victim -> its preemptor, for victims still in
+        their grace whose preemptor left the queue (cancelled): this cycle may choose them
+        again for another, else their stop is withdrawn."""
         s = self.state
         out: list[Claim] = []
+        orphans: dict[int, int] = {}
         for job_id, (victims, until, seen) in list(self.claims.items()):
             left = tuple(v for v in victims if v in s.running)
             if job_id not in s.pending or seen or (left and now > until + self.CLAIM_OVERDUE_S):
                 del self.claims[job_id]
+                if job_id not in s.pending and not seen and now <= until:
+                    orphans.update((v, job_id) for v in left)
                 continue
             if not left:
                 self.claims[job_id] = (victims, until, True)
             out.append(Claim(job_id, left, until))
-        return out
+        return out, orphans
+
+    def _withdraw(self, orphans: dict[int, int], chosen: set[int]) -> None:
+        """Withdraw the preemption of victims whose preemptor is gone, unless this cycle's plan
+        preempts them again for another job (then they keep stopping, for it)."""
+        s = self.state
+        for victim_id, by in orphans.items():
+            victim = s.running.get(victim_id)
+            if victim is None or victim_id in chosen:
+                continue
+            if self.supervisors.withdraw(victim, f"preemption withdrawn: job {by} that preempted it left the queue"):
+                log.info("gpujobs: job %s runs on: job %s that preempted it left the queue", victim_id, by)
 
     def _schedule(self, now: float, pending: dict[int, Job], running: list[Job], gpus: list[GPU],
                   finished: dict[int, JobState], estimate: bool, order: Any, claims: list[Claim]) -> Plan:
@@ -206,10 +228,11 @@ class Cycle:
         set aside (`set_aside`, with a reason and a line in the log; the monitor tells the
         admins) and the cycle plans without it, so one bad row never stops the queue."""
         policy = self.rules.current_policy()
+        budgets = self.rules.budget_states(now, pending.values())  # GPU-hour budgets, as data
 
         def plan(jobs: dict[int, Job] | list[Job]) -> Plan:
             return schedule(now, jobs, running, gpus, policy, self.usage, finished, estimate=estimate,
-                            order=order, claims=claims, reservations=self.rules.reservations)
+                            order=order, claims=claims, reservations=self.rules.reservations, budgets=budgets)
 
         for _ in range(len(pending) + 1):
             try:
