@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration, preempt_grace
+from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration
 from .admission import Admission
 from .events import Events
 from .inventory import Inventory
@@ -167,16 +167,12 @@ class Cycle:
             victim = s.running.get(p.job_id)
             if victim is None:  # no longer running
                 continue
-            grace, short = preempt_grace(victim, s.policy)  # at least its signal's time, where the policy allows
             victims, until, _ = self.claims.get(p.by_job_id, (set(), 0.0, False))
-            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + grace), False)
+            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + s.policy.preempt_grace_s), False)
             if victim.kind in EXTERNAL_KINDS:
                 self.kernels.end_external(victim, JobState.CANCELLED, "scheduler", p.reason)
             else:
-                if short and victim.id not in s.terminating:
-                    s.store.add_event(victim.id, "WARNING", "scheduler", f"preempted with a shorter grace: {short}",
-                                      now, data={"grace_s": grace})
-                self.supervisors.terminate(victim, p.reason, "preempted", grace)
+                self.supervisors.terminate(victim, p.reason, "preempted", s.policy.preempt_grace_s)
         if orphans:  # victims that no preemptor needs any more (chosen again, they keep stopping)
             self._withdraw(orphans, {p.job_id for p in plan.preemptions})
         by_host = {(g.host, g.index): g for g in gpus}
@@ -228,11 +224,10 @@ class Cycle:
         set aside (`set_aside`, with a reason and a line in the log; the monitor tells the
         admins) and the cycle plans without it, so one bad row never stops the queue."""
         policy = self.rules.current_policy()
-        budgets = self.rules.budget_states(now, pending.values())  # GPU-hour budgets, as data
 
         def plan(jobs: dict[int, Job] | list[Job]) -> Plan:
             return schedule(now, jobs, running, gpus, policy, self.usage, finished, estimate=estimate,
-                            order=order, claims=claims, reservations=self.rules.reservations, budgets=budgets)
+                            order=order, claims=claims, reservations=self.rules.reservations)
 
         for _ in range(len(pending) + 1):
             try:

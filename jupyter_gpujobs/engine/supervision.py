@@ -20,8 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..checkpoint import checkpoint_dir
-from ..model import GPU, Job, JobState, format_duration, preempt_grace, retry_wait_s
+from ..model import GPU, Job, JobState
 from .access import Access
 from .errors import NotFound, PermissionDenied
 from .events import Events
@@ -163,8 +162,6 @@ class Supervisors:
             self.events.set_state(job_id, JobState.CANCELLED, "runner", cancelled, data=data,
                                   ended_at=exit_.ended_at, **fields)
             return
-        if exit_.outcome in ("timeout", "lost") and self._requeue(job, exit_, fields, data):
-            return
         if exit_.outcome == "preempted":
             if job.requeue or not exit_.started:
                 self.events.set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
@@ -177,33 +174,9 @@ class Supervisors:
             state = JobState.CANCELLED
         else:
             state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
-            if state is JobState.FAILED and self._retry(job, exit_, fields, data):
-                return
         s.freed.set()  # (before the end is published: see Events.set_state)
         self.events.set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
         s.ended_since_cycle = True
-
-    def _retry(self, job: Job, exit_: Exit, fields: dict[str, Any], data: dict[str, Any]) -> bool:
-        """A failed run of a job with retries left (`retries`; out of memory only with
-        `retry_oom`; never one it was asked to stop) goes back to the queue, to start again
-        after its backoff (`model.retry_wait_s`); the event says which run failed and when the
-        next one may start. False when it does not."""
-        s = self.state
-        if (job.retried >= job.retries or not exit_.started or job.id in s.cancel_requested
-                or exit_.outcome not in ("failed", "oom") or (exit_.outcome == "oom" and not job.retry_oom)):
-            return False
-        wait = retry_wait_s(job)
-        run, at = job.retried + 1, exit_.ended_at + wait
-        reason = (f"run {run} of {job.retries + 1} failed: {exit_.reason}; retry {run} of {job.retries} "
-                  f"after {format_duration(wait)}")
-        self.events.set_state(job.id, JobState.PENDING, "engine", reason,
-                              data={**data, "attempt": run, "retry": run, "retries": job.retries, "retry_at": at},
-                              started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
-                              retried=run, begin=at, released_at=exit_.ended_at, **fields)
-        s.handles.pop(job.id, None)
-        s.terminating.discard(job.id)
-        s.freed.set()
-        return True
 
     # ------------------------------------------------------------------ stopping
 
@@ -262,29 +235,6 @@ class Supervisors:
         cancelled += [j.id for j in ended if j.state is JobState.CANCELLED]
         stopping = [j.id for j in ended if not j.state.is_final]
         return {"cancelled": cancelled, "stopping": stopping, "errors": errors}
-
-    def _requeue(self, job: Job, exit_: Exit, fields: dict[str, Any], data: dict[str, Any]) -> bool:
-        """A job submitted with `requeue: true` that reached its time limit, or whose run was
-        lost (node, GPU or supervisor gone), goes back to the queue with its checkpoint folder,
-        up to its `max_requeues`; the event says which requeue it is. False when it does not."""
-        s = self.state
-        if job.max_requeues is None or not exit_.started or job.id in s.cancel_requested:
-            return False
-        if job.requeues >= job.max_requeues:
-            s.store.add_event(job.id, "WARNING", "engine", f"not requeued: it was requeued {job.requeues} time(s), "
-                              f"its maximum (max_requeues)", s.clock())
-            return False
-        reason = (f"requeued ({exit_.reason}): requeue {job.requeues + 1} of at most {job.max_requeues}; "
-                  "it starts again with its checkpoint folder")
-        s.freed.set()
-        self.events.set_state(job.id, JobState.PENDING, "engine", reason, data={**data, "requeue": job.requeues + 1},
-                              started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
-                              restarts=job.restarts + 1, requeues=job.requeues + 1,
-                              released_at=exit_.ended_at, **fields)
-        s.handles.pop(job.id, None)
-        s.terminating.discard(job.id)
-        s.ended_since_cycle = True
-        return True
 
     def withdraw(self, job: Job, reason: str) -> bool:
         """Take back the stop of a job preempted for a preemptor that is gone (cancelled, ...),
@@ -378,8 +328,6 @@ class Supervisors:
         s = self.state
         hints, facts = s.shares.environment(job, gpus)  # a share of a GPU: framework hints, MPS
         env = {**s.job_env, **hints, **job.env, **facts, "GPUJOBS_USER": job.user}
-        env["GPUJOBS_CHECKPOINT_DIR"] = checkpoint_dir(str(self.access.root_for(job.user)), job.id)
-        env["GPUJOBS_RESTARTS"] = str(job.restarts)
         if job.array_index is not None:
             env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
             env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
@@ -396,14 +344,13 @@ class Supervisors:
             gpu_uuids=[g.uuid for g in gpus],
             time_limit_s=job.time_limit_s,
             grace_s=s.kill_grace_s,
-            preempt_grace_s=preempt_grace(job, s.policy)[0],
+            preempt_grace_s=s.policy.preempt_grace_s,
             log_path=log_path,
             fake=s.gpus.name == "fake",
             run_as=owner,
             mem_bytes=job.mem_bytes,
             cpus=job.cpus,
             deny_devices=self.inventory.deny_devices(gpus),
-            warn_signal=job.warn_signal,
         )
 
     def _discard(self, handle: dict[str, Any]) -> None:

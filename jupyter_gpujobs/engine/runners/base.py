@@ -43,8 +43,6 @@ class LaunchRequest:
     deny_devices: list[str] = field(default_factory=list)
     mem_bytes: int | None = None  # host memory limit (cgroup)
     cpus: float | None = None  # CPU limit in cores (cgroup)
-    #: a signal before the end, "USR1@300" or "B:USR1@300" (model.WarnSignal.text); None: none
-    warn_signal: str | None = None
 
 
 @dataclass
@@ -113,11 +111,6 @@ class Runner(abc.ABC):
         """Take back a preemption's stop in its grace (its preemptor is gone): no SIGKILL, the
         run goes on (an end within the grace is still its answer to the stop). False when this
         runner cannot, or the run is not stopping for a preemption."""
-        return False
-
-    def set_time_limit(self, job_id: int, handle: dict[str, Any], time_limit_s: int) -> bool:
-        """Change a running job's time limit (counted from its start), for `PATCH jobs/{id}`.
-        False when this runner cannot."""
         return False
 
     @abc.abstractmethod

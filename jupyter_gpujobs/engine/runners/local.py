@@ -133,7 +133,7 @@ class LocalRunner(Runner):
             "pythonpath": pythonpath, "run_as": req.run_as, "account": account, "cgroups": cg,
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
-            "bpf_fence": iso.bpf, "warn_signal": req.warn_signal,
+            "bpf_fence": iso.bpf,
             # the engine's environment only for a personal engine's job run as its own user
             "inherit_env": bool(self.inherit_environment and account is None and req.run_as is None),
             "env_allow": list(self.env_allow), "log_max_bytes": self.log_max_bytes,
@@ -397,13 +397,6 @@ class LocalRunner(Runner):
         if asked is None or asked.get("outcome") != "preempted" or asked.get("withdrawn"):
             return False
         write_json_atomic(control, {**asked, "withdrawn": True, "withdrawn_at": time.time()})
-        return True
-
-    def set_time_limit(self, job_id: int, handle: dict[str, Any], time_limit_s: int) -> bool:
-        job_dir = handle.get("job_dir")
-        if not job_dir or not os.path.isdir(job_dir) or os.path.exists(os.path.join(job_dir, "result.json")):
-            return False
-        write_json_atomic(os.path.join(job_dir, "limit.json"), {"time_limit_s": int(time_limit_s)})
         return True
 
     # ------------------------------------------------------------------ watch
