@@ -181,9 +181,10 @@ class LiveServer:
 
         return GPUJobsClient(url=self.url, token=self.token)
 
-    def start(self, timeout: float = 60.0, port_tries: int = 3) -> LiveServer:
+    def start(self, timeout: float = 60.0, port_tries: int = 3, status: int = 200) -> LiveServer:
         """Start the server; a port taken meanwhile (free_port() found it free, but another
-        test, kernel or job bound it before the server did) is replaced by another free one."""
+        test, kernel or job bound it before the server did) is replaced by another free one.
+        `status`: what `GET whoami` answers once it is up (503: the extension did not start)."""
         self.log_path = self.state_dir.parent / f"{self.state_dir.name}-server-{len(self._logs)}.log"
         self._logs.append(self.log_path)
         out = open(self.log_path, "wb")
@@ -198,12 +199,12 @@ class LiveServer:
                 if port_tries > 1 and f"port {self.port} is not available" in log:
                     self.port = free_port()
                     self.args = [f"--port={self.port}" if a.startswith("--port=") else a for a in self.args]
-                    return self.start(timeout, port_tries - 1)
+                    return self.start(timeout, port_tries - 1, status)
                 raise RuntimeError(f"jupyter server exited early:\n{log[-4000:]}")
             try:
                 r = httpx.get(self.url + "gpujobs/api/whoami", headers={"Authorization": f"token {self.token}"},
                               timeout=1.0)
-                if r.status_code == 200:
+                if r.status_code == status:
                     return self
             except httpx.HTTPError:
                 pass

@@ -34,7 +34,8 @@ from .runners import make_runner
 from .runners.mps import MPSControl
 from .service import JobService
 from .shares import Shares
-from .store import Store, default_url, private_sqlite_files
+from .store import SchemaTooNew, Store, default_url, private_sqlite_files
+from .store.guard import EngineLock, StoreDamaged, StoreInUse, damaged, refuse_empty_file
 from .userfiles import Bounds
 
 if TYPE_CHECKING:
@@ -52,12 +53,7 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     for repaired in private_state_dir(data_dir):
         log.warning("gpujobs: %s was readable by other users (it holds every job's command, environment "
                     "and log): made private to the engine's user", repaired)
-    store = Store(cfg.db_url or default_url(data_dir))
-    if store.sqlite_file is not None:
-        for repaired in private_sqlite_files(store.sqlite_file):
-            log.warning("gpujobs: the database %s was readable by other users: made private (0600) to the "
-                        "engine's user", repaired)
-    store.migrate()
+    store = open_store(cfg.db_url or default_url(data_dir), log)
     # fake GPUs of this engine (named after its data dir, so the same across restarts)
     fleet = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:12]
     try:
@@ -136,6 +132,36 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     monitor = Monitor(service, MonitorSettings.from_config(cfg), log)
     monitor.install()  # drained GPUs show as draining in the engine's inventory
     return service, monitor
+
+
+def open_store(url: str, log: logging.Logger) -> Store:
+    """The store at `url`, held for this engine alone and at the newest schema. Raises
+    StoreInUse when another engine runs on it, StoreDamaged when an existing file is empty or
+    unreadable (never an empty store over it); the messages name the store and what to do."""
+    store = Store(url)
+    file = store.sqlite_file
+    try:
+        if file is not None:
+            refuse_empty_file(file)  # before private_sqlite_files makes a missing file
+            for repaired in private_sqlite_files(file):
+                log.warning("gpujobs: the database %s was readable by other users: made private (0600) to the "
+                            "engine's user", repaired)
+        lock = EngineLock(store)
+        lock.acquire()
+        store.engine_lock = lock
+        try:
+            store.migrate()
+        except (SchemaTooNew, StoreInUse):
+            raise
+        except Exception as err:
+            trouble = damaged(err, store)
+            if trouble is None:
+                raise
+            raise trouble from err
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def private_state_dir(data_dir: Path) -> list[str]:

@@ -307,6 +307,8 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        #: this process's hold on being the store's one engine (guard.py), released by close()
+        self.engine_lock: Any = None
 
     @property
     def sqlite_file(self) -> Path | None:
@@ -355,6 +357,9 @@ class Store:
             return MigrationContext.configure(conn).get_current_revision()
 
     def close(self) -> None:
+        if self.engine_lock is not None:
+            self.engine_lock.release()
+            self.engine_lock = None
         self.engine.dispose()
 
     def session(self) -> Session:
