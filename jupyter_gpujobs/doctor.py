@@ -125,6 +125,10 @@ def check_gpus(ctx: Context) -> list[Check]:
     elif "none" in str(isolation).split(";")[0].lower():
         rows.append(Check("isolation", WARN, str(isolation),
                           "on a shared machine run the engine as root on cgroup v2 so jobs are fenced to their GPUs"))
+    elif "no private /tmp" in str(isolation) and str(getattr(ctx.client, "url", "")).startswith("unix"):
+        rows.append(Check("isolation", WARN, str(isolation),
+                          "jobs of different users share /tmp and /dev/shm: run the shared engine as root on a host "
+                          "that allows mount namespaces, with c.GPUJobs.private_tmp = 'auto' (docs/security.md)"))
     else:
         rows.append(Check("isolation", OK, str(isolation)))
     sharing = report.get("share_enforcement") or ctx.info.get("share_enforcement")

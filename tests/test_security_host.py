@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from team import USER_PYTHON, USERS, Team, as_user, missing
+from team import REPO, USER_PYTHON, USERS, Team, as_user, missing
 
 from jupyter_gpujobs.doctor import OK, WARN, Context, check_hidepid, proc_mount_options
 from jupyter_gpujobs.engine.gpus import FakeBackend
@@ -276,3 +276,13 @@ def test_an_embedded_engine_gives_a_job_run_as_another_user_neither_its_env_nor_
     assert done["state"] == "COMPLETED" and "END" in env, (done["reason"], env)
     assert f"USER={U1}" in env and f"GPUJOBS_URL={server.url}" in env
     assert "hunter2" not in env and "GPUJOBS_TOKEN=" not in env and "test-token-" not in env, env
+
+
+@needs_team
+def test_doctor_as_a_user_of_the_shared_engine_reports_private_tmp_and_hidepid(team: PlantedTeam) -> None:
+    code = ("import json; from dataclasses import asdict; from jupyter_gpujobs.doctor import run_checks; "
+            "print(json.dumps([asdict(r) for r in run_checks()]))")
+    rows = {r["name"]: r for r in team.run_as(U2, code, timeout=120, PYTHONPATH=str(REPO))}  # this checkout's doctor
+    assert "private /tmp and /dev/shm per job" in rows["isolation"]["found"] and rows["isolation"]["status"] == OK
+    hidden = (proc_mount_options() or {}).get("hidepid", "0") in ("1", "2", "4", "noaccess", "invisible", "ptraceable")
+    assert rows["/proc"]["status"] == (OK if hidden else WARN), rows["/proc"]

@@ -221,7 +221,7 @@ class SlurmRunner(Runner):
             args.append(f"--output={pattern}")
         else:
             args.append(f"--output={requests[0].log_path}")
-        env = {**os.environ, **requests[0].env}
+        env = {**self._base_environment(), **requests[0].env}
         for key in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPUJOBS_FAKE"):
             env.pop(key, None)  # Slurm sets the job's GPUs; never pass the engine's own on
         out = self._run([*args, str(script)], env=env)
@@ -233,6 +233,18 @@ class SlurmRunner(Runner):
         # one log per task, named by sbatch's %a pattern
         return [{"runner": "slurm", "slurm_id": f"{slurm_id}_{j.array_index}", "submitted_at": now,
                  "log_path": pattern.replace("%a", str(j.array_index))} for j in jobs]
+
+    def _base_environment(self) -> dict[str, str]:
+        """What sbatch (and so the job: --export=ALL) gets of the engine's environment: all of
+        it in a personal server's engine; else the allow-list (shim.ENV_ALLOWED and
+        c.GPUJobs.job_env_allow), Slurm's own variables (SLURM_CONF), PYTHONPATH and the
+        engine account's HOME and USER, whose jobs these are: never a credential of the engine's."""
+        if self.inherit_environment:
+            return dict(os.environ)
+        from .shim import ENV_ALLOWED, allowed_environment
+
+        return allowed_environment(dict(os.environ), (*ENV_ALLOWED, *self.env_allow, "SLURM_*", "PYTHONPATH",
+                                                      "HOME", "USER", "LOGNAME", "SHELL"))
 
     def _write_script(self, jobs: Sequence[Job], requests: Sequence[LaunchRequest]) -> Path:
         """The batch script: each task sets the variables the engine guarantees (the job id
