@@ -109,6 +109,10 @@ export interface IChartProps {
 /**
  * One chart. The spec is embedded once per theme; new values go into the live view
  * (`view.data`), so updates do not flicker. The width follows the container.
+ * With no values there is no view at all, only the `empty` text: Vega given an empty data set
+ * computes infinite scale extents (console warnings, and SVG sizes of 1.8e308 the browser
+ * rejects), so the chart is embedded once there is something to draw, and again after a time
+ * with nothing (a range switch empties the charts until its data comes).
  * `data-points` (rows drawn) and `data-version` (data sets drawn so far) tell tests and
  * curious people that it is live.
  */
@@ -121,18 +125,20 @@ export function VegaChart(props: IChartProps): React.ReactElement {
   const [failed, setFailed] = React.useState<string | null>(null);
   values.current = props.values;
   signals.current = props.signals;
+  const hasValues = props.values.length > 0;
 
   React.useEffect(() => {
     let disposed = false;
     const node = host.current;
-    if (!node) {
+    if (!node || !hasValues) {
       return;
     }
     const width = Math.max(120, node.clientWidth);
     const spec = {
       ...(props.spec as any),
       $schema: 'https://vega.github.io/schema/vega-lite/v5.json',
-      data: { name: 'table' },
+      // the values in the spec: an embed with an empty "table" would warn as described above
+      data: { name: 'table', values: values.current },
       width,
       height: props.height,
       autosize: { type: 'fit-x', contains: 'padding' },
@@ -148,7 +154,7 @@ export function VegaChart(props: IChartProps): React.ReactElement {
         }
         view.current = result.view;
         setSignals(result.view, signals.current);
-        await result.view.data('table', values.current).runAsync();
+        await result.view.runAsync();
         setVersion(v => v + 1);
         observer = new ResizeObserver(() => {
           const w = Math.max(120, node.clientWidth);
@@ -167,12 +173,13 @@ export function VegaChart(props: IChartProps): React.ReactElement {
       observer?.disconnect();
       view.current?.finalize();
       view.current = null;
+      node.replaceChildren();
     };
-  }, [props.theme, props.spec]);
+  }, [props.theme, props.spec, hasValues]);
 
   React.useEffect(() => {
     const v = view.current;
-    if (!v) {
+    if (!v || !hasValues) {
       return;
     }
     let stale = false;

@@ -23,7 +23,7 @@ import {
   api
 } from './api';
 import { VegaChart } from './charts';
-import { formatAgo, formatDuration, formatGiB, nowSeconds } from './format';
+import { chartTimeFormats, formatAgo, formatDuration, formatGiB, nowSeconds } from './format';
 import { chartIcon } from './icons';
 import { GPUJobsModel } from './model';
 import { Reservations } from './panel';
@@ -47,7 +47,14 @@ export interface IGPUPoint {
   util_max: number | null;
   mem: number | null; // GiB
   total: number | null; // GiB
+  /** A break in the line: no readings between its neighbours (the server was down). */
+  gap?: boolean;
 }
+
+/** A GPU with no reading for this many buckets (or seconds, the larger) had none at all: the
+ * server was down. The charts break their lines there instead of drawing across. */
+const GAP_BUCKETS = 3;
+const GAP_MIN_S = 90;
 
 export class DashboardModel {
   range: Range = 'hour';
@@ -119,7 +126,7 @@ export class DashboardModel {
       if (range !== this.range) {
         return; // the range changed meanwhile: its own refresh brings its data
       }
-      this.gpuPoints = samples.samples.map(bucketPoint);
+      this.gpuPoints = withGaps(samples.samples.map(bucketPoint), step);
       this.heatmap = heatmap;
       this.byUser = byUser;
       this.byGroup = byGroup;
@@ -234,7 +241,7 @@ export class DashboardModel {
       return;
     }
     const now = nowSeconds();
-    const { span } = RANGES[this.range];
+    const { span, step } = RANGES[this.range];
     const cutoff = (now - span) * 1000;
     const live = gpus.map(g => ({
       t: now * 1000,
@@ -244,7 +251,7 @@ export class DashboardModel {
       mem: g.memory_used_mb / 1024,
       total: g.memory_total_mb / 1024
     }));
-    this.gpuPoints = [...this.gpuPoints.filter(p => p.t >= cutoff), ...live];
+    this.gpuPoints = withGaps([...this.gpuPoints.filter(p => p.t >= cutoff), ...live], step);
     this._emit();
   }
 
@@ -288,6 +295,38 @@ function bucketPoint(b: ISampleBucket, _: number, all: ISampleBucket[]): IGPUPoi
   };
 }
 
+/**
+ * The points with a gap point (null values) wherever a GPU has no reading for longer than
+ * GAP_BUCKETS buckets of `step` seconds, so its lines break there; gap points already in
+ * `points` are dropped first (appending live readings sees the breaks anew).
+ */
+export function withGaps(points: IGPUPoint[], step: number): IGPUPoint[] {
+  const limit = Math.max(GAP_BUCKETS * step, GAP_MIN_S) * 1000;
+  const byGpu = new Map<string, IGPUPoint[]>();
+  for (const p of points) {
+    if (!p.gap) {
+      const series = byGpu.get(p.gpu);
+      if (series) {
+        series.push(p);
+      } else {
+        byGpu.set(p.gpu, [p]);
+      }
+    }
+  }
+  const out: IGPUPoint[] = [];
+  for (const [gpu, series] of byGpu) {
+    series.sort((a, b) => a.t - b.t);
+    series.forEach((p, i) => {
+      const prev = series[i - 1];
+      if (prev && p.t - prev.t > limit) {
+        out.push({ t: (prev.t + p.t) / 2, gpu, util: null, util_max: null, mem: null, total: null, gap: true });
+      }
+      out.push(p);
+    });
+  }
+  return out;
+}
+
 const SEVERITY: { [s: string]: number } = { error: 0, warning: 1, info: 2 };
 
 function sortFindings(findings: IFinding[]): IFinding[] {
@@ -308,13 +347,16 @@ export const KIND_LABELS: { [kind: string]: string } = {
 
 // ------------------------------------------------------------------ specs
 
+/** Time formats on the browser locale's clock (24-hour or 12-hour, as the panel's text). */
+const TIME = chartTimeFormats();
+
 /** The time axis of the charts over the chosen range: from `x0` to `x1` (ms, set with the data). */
 const TIME_X = {
   field: 't',
   type: 'temporal',
   title: null,
   scale: { domain: [{ expr: 'x0' }, { expr: 'x1' }] },
-  axis: { grid: false, labelOverlap: true, tickCount: 6 }
+  axis: { grid: false, labelOverlap: true, tickCount: 6, format: TIME.axis, formatType: 'time' }
 };
 
 const WINDOW_PARAMS = [
@@ -337,7 +379,7 @@ const UTIL_SPEC: VisualizationSpec = {
     color: { field: 'gpu', type: 'nominal', title: null },
     tooltip: [
       { field: 'gpu', title: 'GPU' },
-      { field: 't', type: 'temporal', title: 'time', format: '%a %H:%M:%S' },
+      { field: 't', type: 'temporal', title: 'time', format: TIME.second },
       { field: 'util', title: 'mean %', format: '.0f' },
       { field: 'util_max', title: 'peak %', format: '.0f' }
     ]
@@ -355,7 +397,7 @@ const MEM_SPEC: VisualizationSpec = {
         color: { field: 'gpu', type: 'nominal', title: null },
         tooltip: [
           { field: 'gpu', title: 'GPU' },
-          { field: 't', type: 'temporal', title: 'time', format: '%a %H:%M:%S' },
+          { field: 't', type: 'temporal', title: 'time', format: TIME.second },
           { field: 'mem', title: 'GiB used', format: '.1f' },
           { field: 'total', title: 'GiB total', format: '.0f' }
         ]
@@ -446,7 +488,7 @@ const QUEUE_SPEC: VisualizationSpec = {
         x: TIME_X,
         y: { field: 'queue', type: 'quantitative' },
         tooltip: [
-          { field: 't', type: 'temporal', title: 'time', format: '%a %H:%M' },
+          { field: 't', type: 'temporal', title: 'time', format: TIME.minute },
           { field: 'queue', title: 'jobs waiting' }
         ]
       }
@@ -469,7 +511,7 @@ const WAIT_SPEC: VisualizationSpec = {
       legend: { labelExpr: 'datum.value === "p90" ? "90th percentile" : "mean"' }
     },
     tooltip: [
-      { field: 't', type: 'temporal', title: 'started in the bucket of', format: '%a %H:%M' },
+      { field: 't', type: 'temporal', title: 'started in the bucket of', format: TIME.minute },
       { field: 'stat', title: 'statistic' },
       { field: 'minutes', title: 'minutes', format: '.1f' },
       { field: 'started', title: 'jobs started' }
@@ -748,7 +790,11 @@ function Tile(props: {
   level?: 'ok' | 'warn' | 'error';
 }): React.ReactElement {
   return (
-    <div className={`jp-GPUDash-tile jp-mod-${props.level ?? 'plain'}`} data-tile={props.name}>
+    <div
+      className={`jp-GPUDash-tile jp-mod-${props.level ?? 'plain'}`}
+      data-tile={props.name}
+      title={`${props.label}: ${props.value} (${props.note})`}
+    >
       <div className="jp-GPUDash-tileLabel">{props.label}</div>
       <div className="jp-GPUDash-tileValue">{props.value}</div>
       {props.fraction !== undefined && (

@@ -1,4 +1,10 @@
-/** Small text helpers: durations, relative times, GPU memory, job labels. */
+/**
+ * Small text helpers: durations, relative times, clock times, GPU memory, job labels.
+ *
+ * Clock times follow the browser's locale everywhere in the UI (panel, dashboard, charts): a
+ * 24-hour locale (en-GB, de-DE, ...) reads 14:39, a 12-hour one (en-US) 2:39 PM. The charts'
+ * time formats come from `chartTimeFormats()`, so Vega's axes and tooltips agree with the text.
+ */
 import { IJob } from './api';
 
 export function formatDuration(seconds: number | null | undefined): string {
@@ -46,12 +52,47 @@ export function formatStart(
     return rel;
   }
   // as the engine words it: a prediction from past runtimes, or a bound from time limits
-  const at = new Date(epoch * 1000);
-  const clock =
-    delta < 20 * 3600
-      ? at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })
-      : at.toLocaleString([], { weekday: 'short', hour: '2-digit', minute: '2-digit' });
+  const clock = formatClock(epoch, delta >= 20 * 3600);
   return kind === 'prediction' ? `about ${clock} (${rel})` : `by ${clock} at the latest (${rel})`;
+}
+
+/** Whether the browser's locale reads clock times on a 24-hour dial. */
+export function uses24Hour(): boolean {
+  // hourCycle: h23 / h24 on a 24-hour dial (not in this TypeScript's lib yet)
+  const options = new Intl.DateTimeFormat(undefined, { hour: 'numeric' }).resolvedOptions() as { hourCycle?: string };
+  const cycle = options.hourCycle;
+  if (cycle) {
+    return cycle === 'h23' || cycle === 'h24';
+  }
+  return new Date(2000, 0, 1, 13).toLocaleTimeString(undefined, { hour: 'numeric' }).includes('13');
+}
+
+/** An epoch-seconds time on the browser locale's clock: "14:39" or "2:39 PM", with the
+ * weekday ("Fri 14:39") when asked. */
+export function formatClock(epoch: number, weekday = false): string {
+  return new Date(epoch * 1000).toLocaleString(undefined, {
+    ...(weekday ? { weekday: 'short' } : {}),
+    hour: uses24Hour() ? '2-digit' : 'numeric',
+    minute: '2-digit'
+  });
+}
+
+/** Vega time formats on the locale's clock: `axis` a multi-format of the charts' time axes
+ * (the hour "14:00" or "2 PM", minutes "14:15" or "2:15", days "Fri 04"), `minute` and
+ * `second` the tooltips' times. */
+export function chartTimeFormats(): { axis: { [unit: string]: string }; minute: string; second: string } {
+  const h24 = uses24Hour();
+  return h24
+    ? {
+        axis: { seconds: ':%S', minutes: '%H:%M', hours: '%H:%M', date: '%a %d', day: '%a %d' },
+        minute: '%a %H:%M',
+        second: '%a %H:%M:%S'
+      }
+    : {
+        axis: { seconds: ':%S', minutes: '%-I:%M', hours: '%-I %p', date: '%a %d', day: '%a %d' },
+        minute: '%a %-I:%M %p',
+        second: '%a %-I:%M:%S %p'
+      };
 }
 
 /** Coarse: "4m", "1h 05m", "now" (for narrow tables); "~4m" for a prediction, "≤4m" for a bound. */

@@ -1,6 +1,7 @@
 /**
  * A main-area viewer of a job's log that follows it live: it polls
  * `jobs/{id}/log?offset=N` and appends what is new until the server says the log is done.
+ * Until the job writes something it says so ("No output yet"), not a blank page.
  */
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
@@ -18,7 +19,10 @@ export class LogView extends Widget {
     this._status.className = 'jp-GPUJobs-logStatus';
     this._pre = document.createElement('pre');
     this._pre.className = 'jp-GPUJobs-logText';
-    this.node.append(this._status, this._pre);
+    this._empty = document.createElement('div');
+    this._empty.className = 'jp-GPUJobs-logEmpty';
+    this._empty.hidden = true;
+    this.node.append(this._status, this._empty, this._pre);
     this.node.tabIndex = 0;
     this._setStatus('loading…');
     void this._poll();
@@ -56,6 +60,9 @@ export class LogView extends Widget {
       }
       this._offset = chunk.offset;
       this._done = chunk.done;
+      const blank = !this._pre.textContent;
+      this._empty.hidden = !blank;
+      this._empty.textContent = chunk.done ? 'The job wrote no output.' : 'No output yet: what the job prints shows here as it comes.';
       if (chunk.done) {
         let state = '';
         try {
@@ -81,6 +88,7 @@ export class LogView extends Widget {
 
   private _status: HTMLDivElement;
   private _pre: HTMLPreElement;
+  private _empty: HTMLDivElement;
   private _offset = 0;
   private _done = false;
   private _errors = 0;

@@ -9,6 +9,7 @@ import { FINAL_STATES, IGPU, IGPUHolder, IJob, IQuota, IReservation, api } from 
 import {
   endReason,
   formatAgo,
+  formatClock,
   formatDuration,
   formatGiB,
   formatStart,
@@ -777,8 +778,7 @@ function QuotaBar(props: {
 
 /** When a reservation is on: "now, until 18:00", or its next occurrence. */
 export function reservationWhen(r: IReservation, now: number): string {
-  const fmt = (t: number) =>
-    new Date(t * 1000).toLocaleString(undefined, { weekday: 'short', hour: '2-digit', minute: '2-digit' });
+  const fmt = (t: number) => formatClock(t, true);
   const every = r.repeat ? ` (${r.repeat})` : '';
   if (r.next_start === null || r.next_end === null) {
     return 'over';

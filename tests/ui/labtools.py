@@ -66,6 +66,10 @@ def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
         "IPYTHONDIR": str(tmp / "ipython"),
         "GPUJOBS_FAKE_GPUS": FAKE_GPUS,
         "JUPYTER_PLATFORM_DIRS": "1",
+        # the isolated data dir before the venv's share/jupyter (jupyter_core puts a venv's
+        # first): the venv holds the copy of the extension made when it was installed, and the
+        # tests must load this checkout's build (use_repo_build)
+        "JUPYTER_PREFER_ENV_PATH": "0",
     })
     env.update(extra)
     # No "get notified about Jupyter news?" toast over the notifications under test.

@@ -5,6 +5,7 @@ dark themes at the main area's width and at a narrow one."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from labtools import (
     open_panel,
     run_command,
     screenshot,
+    screenshot_on_failure,
     set_theme,
     sleeper,
     wait_for,
@@ -45,6 +47,17 @@ def version(page: Any, name: str) -> int:
 def drawn(page: Any, name: str) -> int:
     """Marks (SVG paths) Vega drew in the chart."""
     return chart(page, name).locator("svg path").count()
+
+
+def axis_labels(page: Any, name: str) -> list[str]:
+    """The time axis's labels of a chart as drawn (Vega's SVG)."""
+    axis = chart(page, name).locator('g.role-axis[aria-label^="X-axis"]')
+    return axis.locator("g.role-axis-label text").evaluate_all("ts => ts.map(t => t.textContent)")
+
+
+def line_paths(page: Any, name: str) -> list[str]:
+    """The `d` of each line Vega drew in a chart (one per series)."""
+    return chart(page, name).locator("g.mark-line path").evaluate_all("ps => ps.map(p => p.getAttribute('d'))")
 
 
 def open_dashboard(page: Any) -> Any:
@@ -110,6 +123,85 @@ def test_dashboard_charts_have_data_and_follow_the_engine_live(page: Any, client
         wait_for(lambda n=name: points(page, n) > 0 and drawn(page, n) > 0, 30, f"the {name} chart of the last day")
     assert dash.locator(".jp-GPUJobs-error").count() == 0
 
+
+
+def _seed_downtime(lab: Any, client: Any) -> None:
+    """Per-minute readings of every GPU from 6 h to 4 h ago and from 2.5 h to 1 h ago, as a server
+    that was down in between (a restart) leaves them."""
+    from jupyter_gpujobs.engine.store import Store, default_url
+    from jupyter_gpujobs.engine.store import monitoring as mstore
+
+    store = Store(default_url(Path(lab.env["JUPYTER_DATA_DIR"]) / "gpujobs"))
+    now = time.time()
+    hole = (now - 4 * 3600, now - 2.5 * 3600)
+    rows = []
+    for g in client.gpus():
+        for start, end in ((now - 6 * 3600, hole[0]), (hole[1], now - 3600)):
+            t = start - start % 60
+            while t < end:
+                rows.append(mstore.SampleValues(g["host"], g["index"], g["uuid"], t, utilization=40 + 10 * g["index"],
+                                                memory_used_mb=8000, memory_total_mb=g["memory_total_mb"], count=60))
+                t += 60
+    mstore.add_samples(store, rows, resolution=mstore.MINUTE)
+
+
+def test_24_hour_locale_gaps_at_downtime_and_a_quiet_console(browser: Any, lab: Any, client: Any) -> None:
+    """In a 24-hour locale (en-GB) the panel's expected start and the charts' time axes read
+    14:39, not 02:39 PM; the last day's lines break where the server had no readings (a
+    restart) instead of drawing across; and neither opening the dashboard nor switching its
+    range logs a warning or an error (Vega's "Infinite extent" of empty charts, SVG sizes of
+    1.8e308). At 1024x640 the tiles' values are whole or have their text as a tooltip."""
+    _seed_downtime(lab, client)
+    blocker = client.submit(sleeper(300), gpus=2, time_limit="10m", name="hold-both")
+    wait_for(lambda: client.job(blocker["id"])["state"] == "RUNNING", 30, "the blocker to run")
+    waiting = client.submit(sleeper(1), gpus=1, time_limit="5m", name="waits-for-a-gpu")
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, locale="en-GB")
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error") else None)
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    try:
+        with screenshot_on_failure(page, "dashboard-24h"):
+            open_lab(page, lab.url)
+            panel = open_panel(page)
+            expected = panel.locator(f'.jp-GPUJobs-job[data-job-id="{waiting["id"]}"] .jp-GPUJobs-expected')
+            expected.wait_for(timeout=15000)
+            wait_for(lambda: "at the latest" in expected.inner_text(), 15, "the waiting job's bound")
+            text = expected.inner_text()
+            assert re.search(r"by (Mon|Tue|Wed|Thu|Fri|Sat|Sun)?\s?\d{2}:\d{2} at the latest", text), text
+            assert not re.search(r"\b[AP]M\b", text, re.I), text
+            screenshot(page, "panel-24h", panel)
+
+            dash = open_dashboard(page)
+            labels = axis_labels(page, "utilization")
+            assert any(re.fullmatch(r"\d{2}:\d{2}", t) for t in labels), labels
+            assert not [t for t in labels if re.search(r"[AP]M", t)], labels
+            assert console == [], console  # opening: no warnings, no errors
+
+            dash.locator('.jp-GPUDash-range[data-range="day"]').click()
+            wait_for(lambda: chart(page, "utilization").get_attribute("data-points") not in (None, "0")
+                     and line_paths(page, "utilization"), 30, "the last day's readings drawn")
+            page.wait_for_timeout(500)  # the other charts of the day (their data came together)
+            paths = line_paths(page, "utilization")
+            # one line per GPU, each broken at least at the hole (a restart): more than one
+            # subpath ("M"), where a line drawn across the downtime has one
+            assert len(paths) == 2 and all(d.count("M") >= 2 for d in paths), paths
+            labels = axis_labels(page, "utilization")
+            assert labels and not [t for t in labels if re.search(r"[AP]M", t)], labels
+            screenshot(page, "dashboard-24h-day", dash)
+            assert console == [], console  # the range switch: none either
+
+            # At 1024x640 (a laptop), the tiles wrap or carry their whole text as a tooltip.
+            page.set_viewport_size({"width": 1024, "height": 640})
+            page.wait_for_timeout(500)
+            memory = dash.locator('.jp-GPUDash-tile[data-tile="memory"]')
+            value = memory.locator(".jp-GPUDash-tileValue")
+            assert value.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the memory tile's value is cut"
+            assert value.inner_text().replace("\n", " ") in (memory.get_attribute("title") or "")
+            screenshot(page, "dashboard-1024x640", page)
+    finally:
+        context.close()
+        client.cancel(blocker["id"])
 
 
 def test_a_reload_brings_the_dashboard_and_a_job_log_back(page: Any, client: Any, lab: Any) -> None:
