@@ -4,6 +4,7 @@ allocates nothing and says which engine owns them, until that one is gone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -75,3 +76,46 @@ def test_a_second_embedded_engine_on_the_same_data_dir_starts_none_and_says_why(
     assert c3.job(waiting["id"])["state"] == "COMPLETED"
     assert c3.wait(c3.submit("true", gpus=2, time_limit="1m")["id"], timeout=30)["state"] == "COMPLETED"
     assert "notice" not in c3.whoami()
+
+
+def test_an_engine_that_is_not_root_claims_in_its_own_users_folder_and_says_so() -> None:
+    """A root-owned claim dir is the root engine's: another user's engine neither writes there
+    nor fails; it claims in its own folder (its Jupyter runtime dir) and says whom that keeps out."""
+    import pwd
+
+    import pytest
+
+    user = "gpujobs-u1"
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        pytest.skip(f"no user {user}: run scripts/install-multiuser.sh")
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to run a claim as another user)")
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gpujobs-claims-", dir="/tmp"))  # the user reaches it (tmp_path: root's)
+    os.chmod(base, 0o755)
+    root_claims = base / "claims"
+    root_claim = GPUClaim(["GPU-x"], root_claims, {})
+    assert root_claim.acquire()  # root's: made root's 0755, a 0600 lock file
+    runtime = base / "runtime"
+    runtime.mkdir()
+    os.chown(runtime, entry.pw_uid, entry.pw_gid)
+    code = ("import json; from jupyter_gpujobs.engine.claim import GPUClaim; "
+            f"c = GPUClaim(['GPU-y'], {str(root_claims)!r}, {{}}); "
+            "print(json.dumps([c.acquire(), str(c.directory), c.scope]))")
+    out = subprocess.run(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups",
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(runtime), "JUPYTER_RUNTIME_DIR": str(runtime),
+                              "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert out.returncode == 0, out.stderr
+    held, directory, scope = json.loads(out.stdout)
+    assert held and directory == str(runtime / "gpujobs-claims")
+    assert "this user's engines only" in scope
+    assert [p.name for p in root_claims.iterdir()] == [next(iter(root_claims.iterdir())).name]  # nothing added
+    lock = next(iter(root_claims.iterdir())).stat()
+    assert (lock.st_uid, lock.st_mode & 0o777) == (0, 0o600)
+    root_claim.release()
+    shutil.rmtree(base)
