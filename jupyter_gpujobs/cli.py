@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="what is in force and what is wrong: engine, GPUs, isolation, store, "
                         "lab extension, GPU kernels, and what to do about each problem")
     dr.add_argument("--json", action="store_true")
+    from . import admin_cli  # budget, audit, accounting (issue 30)
+
+    admin_cli.add_parsers(sub)
     return p
 
 
@@ -527,6 +530,45 @@ def run(argv: Sequence[str]) -> int:
         print(json.dumps(settings, indent=2) if args.json else format_notifications(settings))
     elif args.cmd in ("usage", "findings"):
         return _monitor_command(client, args)
+    elif args.cmd in ("budget", "audit", "accounting"):
+        from . import admin_cli
+
+        return admin_cli.run(client, args)
+    return 0
+
+
+def _change(client: GPUJobsClient, args: argparse.Namespace) -> int:
+    """`hold`, `release`, `update` of jobs and `drain`, `undrain` of a GPU."""
+    if args.cmd in ("hold", "release"):
+        failed = 0
+        for job_id in args.ids:
+            try:
+                job = client.hold(job_id) if args.cmd == "hold" else client.release(job_id)
+            except GPUJobsError as err:
+                print(f"error: job {job_id}: {safe_text(err.message)}", file=sys.stderr)
+                failed += 1
+                continue
+            print(f"job {job['id']} {job['state']}")
+        return 1 if failed else 0
+    if args.cmd == "update":
+        changes = {k: getattr(args, k) for k in ("time_limit", "priority", "name", "begin")
+                   if getattr(args, k) is not None}
+        if not changes:
+            raise UsageError("update: give what to change: --time, --priority, --name or --begin")
+        if changes.get("begin") == "now":
+            changes["begin"] = None
+        job = client.update(args.id, **changes)
+        if args.json:
+            print(json.dumps(job, indent=2))
+        else:
+            print(f"job {job['id']} {job['state']}: time limit {format_duration(job['time_limit_s'])}, "
+                  f"priority {job['priority']}" + (f", name {safe_text(job['name'])}" if job.get("name") else ""))
+        return 0
+    draining = args.cmd == "drain"
+    gpus = client.drain(args.gpu, getattr(args, "reason", ""), args.host, draining=draining)["gpus"]
+    print(f"GPU {args.gpu} " + ("draining: no new job starts on it; running ones go on" if draining
+                                else "handed out again"))
+    print(format_gpus(gpus))
     return 0
 
 
@@ -572,6 +614,11 @@ def _quota(client: GPUJobsClient, args: argparse.Namespace) -> int:
               f"max {lim(gq.get('max_gpus'))})")
         if g.get("set"):
             print(f"    quota set by {g['set']['by']} at {_when(g['set']['at'])}: {json.dumps(g['set']['quota'])}")
+    if q.get("budgets"):
+        from .admin_cli import format_budgets
+
+        print("  GPU-hour budgets")
+        print("\n".join("    " + line for line in format_budgets(q["budgets"]).splitlines()))
     if q.get("changes"):
         print("  quota changes (newest first)")
         for c in q["changes"]:

@@ -283,6 +283,27 @@ class _Calls:
         """Admin: set (or with None, clear) the quota of a user (`scope="users"`) or group."""
         return self._call("PUT", "quota", body={"scope": scope, "name": name, "quota": quota})
 
+    # --- GPU-hour budgets, the audit trail, accounting records (issue 30)
+    def budgets(self, user: str | None = None) -> Any:
+        """Budgets with what is used and left (admins: all, or a user's; others: their own)."""
+        return self._call("GET", "budgets", params=_drop_none({"user": user}))["budgets"]
+
+    def set_budget(self, scope: str, name: str, budget: dict[str, Any] | None) -> Any:
+        """Admin: set (or with None, clear) the GPU-hour budget of a user (`scope="users"`) or
+        group: `{"gpu_hours": 500, "period": "week"|"month"|"dates", "start", "end", "mode"}`."""
+        return self._call("PUT", "budgets", body={"scope": scope, "name": name, "budget": budget})
+
+    def audit(self, since: str | float | None = None, until: str | float | None = None,
+              action: str | None = None, actor: str | None = None, limit: int | None = None) -> Any:
+        """Admin: the audit trail of admin actions and policy changes, newest first."""
+        return self._call("GET", "audit", params=_drop_none({"since": since, "until": until, "action": action,
+                                                             "actor": actor, "limit": limit}))["audit"]
+
+    def accounting(self, since: str | float | None = None, until: str | float | None = None,
+                   user: str | None = None) -> Any:
+        """Per-job accounting records of a period (`{"records", "total_gpu_hours", ...}`)."""
+        return self._call("GET", "accounting", params=_drop_none({"since": since, "until": until, "user": user}))
+
     # --- advance reservations
     def reservations(self) -> Any:
         """Every reservation, with its active or next occurrence and its GPUs then."""

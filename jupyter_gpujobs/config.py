@@ -304,6 +304,15 @@ class GPUJobs(Configurable):
     group_members = Dict(config=True, help="Groups a user may submit to: {'vision': ['alice', 'bob']}. "
                                            "Empty: any user may name any group.")
     urgent_reserve_gpus = Integer(0, config=True, help="GPUs that only 'urgent' jobs may use.")
+    budget_hour_seconds = Float(3600.0, config=True, help=(
+        "Seconds of one GPU that count as one GPU-hour of a GPU-hour budget (PUT budgets). "
+        "Only for tests and demos, which compress time with less."))
+
+    @validate("budget_hour_seconds")
+    def _check_budget_hour_seconds(self, proposal: Any) -> float:
+        if not proposal["value"] > 0:
+            raise TraitError(f"c.GPUJobs.budget_hour_seconds: must be above 0, got {proposal['value']!r}")
+        return float(proposal["value"])
     priority_tiers = Dict(default_value={k: list(v) for k, v in DEFAULT_PRIORITY_TIERS.items()}, config=True,
                           help="Who may submit at each priority class: {'urgent': ['alice', '@oncall'], "
                                "'high': ['@ml-team']} (user names, '@group' for a Unix group's members, '*' for "
@@ -702,4 +711,5 @@ class GPUJobs(Configurable):
             time_zone=self.time_zone or server_time_zone(),
             utc_offset_s=-_time.timezone,  # where the server's zone has no name (see server_time_zone)
             use_predictions=self.use_predictions,
+            budget_hour_s=self.budget_hour_seconds,
         )

@@ -804,6 +804,9 @@ class Policy:
     # those are earlier than the time limits' start (Plan.predicted); starts and reservations
     # always follow the time limits
     use_predictions: bool = True
+    # GPU-hour budgets (issue 30): how many seconds of one GPU count as one GPU-hour (3600;
+    # less compresses time, for tests and demos)
+    budget_hour_s: float = 3600.0
     # scheduler knobs added with the scheduler package (see docs/scheduling.md)
     strict_classes: bool = True  # a higher class always goes first; False: class is one weighted factor
     fairshare_default_share: float = 1.0  # share of users/groups not in user_shares/group_shares

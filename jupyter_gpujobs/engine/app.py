@@ -300,6 +300,7 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
         from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_unix_socket
 
+        from .api.accounting import ACCOUNTING_HANDLERS
         from .api.handlers import HANDLERS
         from .api.identity import PeerCredIdentityProvider
         from .api.monitor import MONITOR_HANDLERS
@@ -325,7 +326,7 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
             admin_group=cfg.admin_group or None, shared=True)
         settings = engine_settings(service, monitor, "jupyter", "root", cfg.max_body_bytes)
         app = tornado.web.Application(
-            HANDLERS + MONITOR_HANDLERS,  # type: ignore[arg-type]
+            HANDLERS + MONITOR_HANDLERS + ACCOUNTING_HANDLERS,  # type: ignore[arg-type]
             identity_provider=PeerCredIdentityProvider(parent=self),
             authorizer=AllowAllAuthorizer(parent=self),  # every known uid may use the API; the service checks owners
             base_url="/",

@@ -224,10 +224,11 @@ class Cycle:
         set aside (`set_aside`, with a reason and a line in the log; the monitor tells the
         admins) and the cycle plans without it, so one bad row never stops the queue."""
         policy = self.rules.current_policy()
+        budgets = self.rules.budget_states(now, pending.values())  # GPU-hour budgets, as data
 
         def plan(jobs: dict[int, Job] | list[Job]) -> Plan:
             return schedule(now, jobs, running, gpus, policy, self.usage, finished, estimate=estimate,
-                            order=order, claims=claims, reservations=self.rules.reservations)
+                            order=order, claims=claims, reservations=self.rules.reservations, budgets=budgets)
 
         for _ in range(len(pending) + 1):
             try:

@@ -1,5 +1,6 @@
 """Notifications outside Lab: e-mail (SMTP) and webhooks (Slack/Mattermost `{"text": ...}`)
-when a job starts, ends, fails or nears its time limit, and the monitor's findings to admins.
+when a job starts, ends, fails or nears its time limit, when a GPU-hour budget a user draws
+on is 80 % or 100 % used (as a "warning"), and the monitor's findings to admins.
 
 The `Notifier` listens to the engine's events (`JobService.subscribe`) and decides who gets
 what: a job's owner, at the addresses they set (`GET/PUT notifications`, only their own; their
@@ -314,6 +315,8 @@ class Notifier:
                 self._on_job(message)
             elif message.get("type") == "finding":
                 self._on_finding(message.get("finding") or {})
+            elif message.get("type") == "budget":
+                self._on_budget(message)
         except Exception:
             self.log.exception("gpujobs: preparing a notification failed")
 
@@ -369,6 +372,25 @@ class Notifier:
         for user, mine in list(self.users.items()):
             if "finding" in mine.get("events", ()) and may_see(finding, user, False):
                 for d in self._to_user(user, mine, key, subject, text):
+                    self._enqueue(d)
+
+    def _on_budget(self, message: dict[str, Any]) -> None:
+        """A GPU-hour budget reached 80 % or 100 % (engine/rules.py): its users are told, at
+        their addresses, when they take warnings; once per budget, period and level."""
+        b, level = message.get("budget") or {}, int(message.get("level") or 0)
+        whose = f"{'user' if b.get('scope') == 'users' else 'group'} {_plain(str(b.get('name')))}"
+        state = "is used up" if level >= 100 else f"is {level} % used"
+        subject = f"[gpujobs] the GPU-hour budget of {whose} {state}"
+        lines = [f"The budget of {whose} on {self.settings.server}: {b.get('used_gpu_hours', 0):.2f} of "
+                 f"{b.get('gpu_hours', 0):g} GPU-hours used, {b.get('left_gpu_hours', 0):.2f} left."]
+        if level >= 100:
+            lines.append("New jobs run at low priority." if b.get("mode") == "low" else
+                         "New jobs wait until it renews or an admin raises it.")
+        key = f"budget:{b.get('scope')}:{b.get('name')}:{b.get('period_start')}:{level}"
+        for user in message.get("users") or ():
+            mine = self.users.get(user)
+            if mine and "warning" in mine.get("events", ()):
+                for d in self._to_user(user, mine, key, subject, "\n".join(lines)):
                     self._enqueue(d)
 
     def _to_user(self, user: str, mine: dict[str, Any], key: str, subject: str, text: str) -> list[Delivery]:

@@ -67,6 +67,8 @@ def quota_report(service: Any, user: str) -> dict[str, Any]:
         **limits_report(policy, user, service.is_admin(user)),
         "groups": groups,
         "set": _set(service, "users", user),
+        # GPU-hour budgets of the user and their groups: what is used and left (engine/rules.py)
+        "budgets": service.rules.budget_views(user),
         "changes": service.store.quota_changes([("users", user), *(("groups", g) for g in groups)], limit=10),
     }
 

@@ -1,11 +1,15 @@
-"""The rules admins change while the engine runs: quotas set through the API or CLI, and
-advance reservations (made by an admin, or accepted from a learned proposal).
+"""The rules admins change while the engine runs: quotas set through the API or CLI, GPU-hour
+budgets (issue 30), and advance reservations (made by an admin, or accepted from a learned
+proposal).
 
-Owns both (stored, so they outlive restarts, and loaded at start), and the policy in force
+Owns them (stored, so they outlive restarts, and loaded at start), the policy in force
 (`current_policy`: the configured `Policy` with the quotas set), which admission and the
-cycle read. It may call the store, `access.Access` (who may), `inventory.Inventory` (the
-GPUs a reservation needs), `events.Events.broadcast` (a proposal's finding closed) and the
-pure reservation and quota helpers of the scheduler.
+cycle read, what was used of each budget in its period (`budget_states`, handed to the
+cycle as data; warnings at 80 and 100 % broadcast as `{"type": "budget"}` for the notifier),
+and the audit trail of admins' actions (`audit`). It may call the store, `access.Access`
+(who may), `inventory.Inventory` (the GPUs a reservation needs), `events.Events.broadcast`
+(a proposal's finding closed, a budget warning) and the pure reservation, quota and budget
+helpers of the scheduler.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from .access import Access
 from .errors import Conflict, NotFound, PermissionDenied
 from .events import Events
 from .inventory import Inventory
+from .scheduler.budgets import MODES, PERIODS, BudgetState, period_bounds
 from .scheduler.quotas import Quotas
 from .scheduler.reservations import gpus_text, occurrence_at, occurrences, occurrences_between
 from .state import EngineState
+from .store import accounting
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -49,6 +55,10 @@ class Rules:
         # advance reservations (stored; an admin makes them, or a user accepts a learned one)
         self.reservations: list[Reservation] = []
         self.reservation_source: dict[int, str] = {}  # id -> "" or "finding:<id>"
+        # GPU-hour budgets (stored): (scope, name) -> the budget's columns (store/accounting.py)
+        self.budgets: dict[tuple[str, str], dict[str, Any]] = {}
+        self._budget_states: list[BudgetState] = []
+        self._budgets_at = -float("inf")  # when `_budget_states` was measured
 
     # ------------------------------------------------------------------ quotas
 
@@ -76,7 +86,9 @@ class Rules:
             except TraitError as err:
                 raise InvalidInput("quota", str(err)) from None
         now = self.state.clock()
+        before = self.quotas_set.get((scope, name), {}).get("quota")
         self.state.store.set_quota(scope, name, quota, actor, now)  # stored first: it survives restarts
+        self.audit(actor, "quota", f"{scope[:-1]}:{name}", before, quota)
         if quota is None:
             self.quotas_set.pop((scope, name), None)
         else:
@@ -127,6 +139,7 @@ class Rules:
         r = s.store.add_reservation(fields, actor, now, source)
         self.reservations.append(r)
         self.reservation_source[r.id] = source
+        self.audit(actor, "reservation", f"reservation:{r.id}", None, _reservation_audit(r, source))
         log.info("gpujobs: %s reserved %d %s for %s (reservation %d)", actor, r.gpus, r.gpu_type or "GPUs",
                  r.holders_text(), r.id)
         s.wake()
@@ -188,6 +201,8 @@ class Rules:
         if not self.access.is_admin(actor) and actor != r.created_by:
             raise PermissionDenied(f"reservation {rid} was made by {r.created_by}; only they or an admin may remove it")
         self.state.store.delete_reservation(rid)
+        self.audit(actor, "reservation", f"reservation:{rid}", _reservation_audit(r, self.reservation_source.get(rid, "")),
+                   None)
         self.reservations = [x for x in self.reservations if x.id != rid]
         self.reservation_source.pop(rid, None)
         log.info("gpujobs: %s removed reservation %d", actor, rid)
@@ -220,3 +235,179 @@ class Rules:
         for r, source in self.state.store.load_reservations():
             self.reservations.append(r)
             self.reservation_source[r.id] = source
+
+    # ------------------------------------------------------------------ GPU-hour budgets
+
+    def set_budget(self, actor: str, scope: Any, name: Any, budget: Any) -> dict[str, Any] | None:
+        """An admin sets (`{"gpu_hours": 500, "period": "week"|"month"|"dates", "start", "end",
+        "mode": "hold"|"low"}`) or clears (None) the GPU-hour budget of a user (`scope`
+        "users") or group ("groups"; a project is a group: its jobs name it); stored and
+        audited. Returns the budget as stored (None when cleared)."""
+        if not self.access.is_admin(actor):
+            raise PermissionDenied("only admins may change budgets")
+        if scope not in ("users", "groups"):
+            raise InvalidInput("scope", "expected 'users' or 'groups'")
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise InvalidInput("name", "expected the user or group name")
+        check_plain_text(name, "name")
+        fields = None if budget is None else self._valid_budget(budget)
+        now = self.state.clock()
+        accounting.set_budget(self.state.store, scope, name, fields, actor, now)  # stored and audited together
+        if fields is None:
+            self.budgets.pop((scope, name), None)
+        else:
+            old = self.budgets.get((scope, name))
+            same = old is not None and all(old[k] == fields[k] for k in accounting.BUDGET_FIELDS)
+            self.budgets[(scope, name)] = {
+                "scope": scope, "name": name, **fields, "set_by": actor, "set_at": now,
+                "warned_period": old["warned_period"] if same and old else None,
+                "warned_level": old["warned_level"] if same and old else 0}
+        log.info("gpujobs: %s %s the budget of %s %s%s", actor, "cleared" if fields is None else "set",
+                 scope[:-1], name, "" if fields is None else f" to {fields}")
+        self._budgets_at = -float("inf")  # measured anew by the next cycle
+        self.state.wake()
+        return fields
+
+    def _valid_budget(self, body: Any) -> dict[str, Any]:
+        from .monitor.usage import parse_time
+
+        if not isinstance(body, dict):
+            raise InvalidInput("budget", "expected an object such as {\"gpu_hours\": 500, \"period\": \"month\"}")
+        unknown = set(body) - set(accounting.BUDGET_FIELDS)
+        if unknown:
+            raise InvalidInput(sorted(unknown)[0], f"unknown field; expected {', '.join(accounting.BUDGET_FIELDS)}")
+        hours = body.get("gpu_hours")
+        if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 < hours <= 1e9:
+            raise InvalidInput("gpu_hours", "expected a number of GPU-hours above 0")
+        period = body.get("period", "month")
+        if period not in PERIODS:
+            raise InvalidInput("period", f"expected one of {', '.join(PERIODS)}")
+        mode = body.get("mode", "hold")
+        if mode not in MODES:
+            raise InvalidInput("mode", f"expected one of {', '.join(MODES)}")
+        start = end = None
+        if period == "dates":
+            now = self.state.clock()
+            if body.get("start") in (None, "") or body.get("end") in (None, ""):
+                raise InvalidInput("start" if body.get("start") in (None, "") else "end",
+                                   "a budget for dates needs its start and end (e.g. 2026-09-01)")
+            start = parse_time(body["start"], now, "start", now)
+            end = parse_time(body["end"], now, "end", now)
+            if end <= start:
+                raise InvalidInput("end", "must be after start")
+        elif body.get("start") not in (None, "") or body.get("end") not in (None, ""):
+            raise InvalidInput("start", "start and end are for a budget with the period 'dates'")
+        return {"gpu_hours": float(hours), "period": period, "start": start, "end": end, "mode": mode}
+
+    def load_budgets(self) -> None:
+        """Budgets set before this start."""
+        self.budgets = {(b["scope"], b["name"]): b for b in accounting.load_budgets(self.state.store)}
+        self._budgets_at = -float("inf")
+
+    def budget_states(self, now: float, pending: Any = ()) -> list[BudgetState]:
+        """Each budget in force with what was used of it in its current period, measured from
+        the store at most once a second (a running job's use counts up to now; a share by its
+        fraction; `policy.budget_hour_s` seconds of one GPU are one GPU-hour). Crossing 80 %
+        or 100 % broadcasts a warning once per period (kept in the store). `pending`: the
+        pending jobs, whose users are told of their group's budget."""
+        if not self.budgets:
+            self._budget_states = []
+            return []
+        if now - self._budgets_at < 1.0:
+            return self._budget_states
+        self._budgets_at = now
+        policy = self.state.policy
+        spans = {key: period_bounds(b["period"], b["start"], b["end"], now, policy) for key, b in self.budgets.items()}
+        live = {k: v for k, v in spans.items() if v is not None}
+        if not live:
+            self._budget_states = []
+            return []
+        since = min(start for start, _ in live.values())
+        used: dict[tuple[str, str], float] = dict.fromkeys(live, 0.0)
+        users: dict[tuple[str, str], set[str]] = {k: set() for k in live}
+        for user, group, started, ended, fraction in accounting.charged_spans(self.state.store, since, now, now):
+            for key in (("users", user), ("groups", group)):
+                if key in live:
+                    start, end = live[key]
+                    seconds = min(ended, end if end is not None else ended) - max(started, start)
+                    if seconds > 0:
+                        used[key] += seconds * fraction
+                        users[key].add(user)
+        for j in pending:
+            if j.group and ("groups", j.group) in users:
+                users[("groups", j.group)].add(j.user)
+        states = []
+        for key, (start, end) in live.items():
+            b = self.budgets[key]
+            st = BudgetState(scope=key[0], name=key[1], gpu_hours=b["gpu_hours"],
+                             used_gpu_hours=used[key] / policy.budget_hour_s, mode=b["mode"], period=b["period"],
+                             period_start=start, period_end=end if b["period"] != "dates" else None)
+            states.append(st)
+            self._warn(b, st, users[key] | ({key[1]} if key[0] == "users" else set()))
+        self._budget_states = states
+        return states
+
+    def _warn(self, b: dict[str, Any], st: BudgetState, users: set[str]) -> None:
+        """A warning at 80 % and at 100 %, once per period (stored before it is sent)."""
+        level = 100 if st.used_gpu_hours >= st.gpu_hours else 80 if st.used_gpu_hours >= 0.8 * st.gpu_hours else 0
+        done = b["warned_level"] if b.get("warned_period") == st.period_start else 0
+        if level <= done:
+            return
+        accounting.set_budget_warned(self.state.store, st.scope, st.name, st.period_start, level)
+        b["warned_period"], b["warned_level"] = st.period_start, level
+        log.info("gpujobs: the budget of %s is %d %% used", st.whose, level)
+        self.events.broadcast({"type": "budget", "level": level, "users": sorted(users),
+                               "budget": budget_view(b, st)})
+
+    def budget_views(self, user: str | None = None) -> list[dict[str, Any]]:
+        """Every budget (None), or those a user draws on (theirs, and those of the groups they
+        are in or have jobs in), with its use: `{"scope", "name", "gpu_hours", "period",
+        "mode", "in_force", "used_gpu_hours", "left_gpu_hours", "percent", "used_up",
+        "period_start", "period_end", ...}`."""
+        s = self.state
+        states = {(st.scope, st.name): st for st in self.budget_states(s.clock(), s.pending.values())}
+        mine = {j.group for j in [*s.pending.values(), *s.running.values()] if j.user == user and j.group}
+        out = []
+        for key, b in sorted(self.budgets.items()):
+            if user is not None and key != ("users", user) and not (
+                    key[0] == "groups" and (key[1] in mine or self.access.member(user, key[1]))):
+                continue
+            out.append(budget_view(b, states.get(key)))
+        return out
+
+    # ------------------------------------------------------------------ audit trail
+
+    def audit(self, actor: str, action: str, target: str, before: Any, after: Any) -> None:
+        """One row of the audit trail (who, what, when, before/after); a failure to write it
+        is logged, never raised after the action was done."""
+        try:
+            accounting.add_audit(self.state.store, self.state.clock(), actor, action, target, _jsonable(before),
+                                 _jsonable(after))
+        except Exception:
+            log.exception("gpujobs: writing the audit row of %s %s %s failed", actor, action, target)
+
+
+def budget_view(b: dict[str, Any], st: BudgetState | None) -> dict[str, Any]:
+    """A budget as the API shows it; `st` None: not in force now (dates past or to come)."""
+    used = st.used_gpu_hours if st is not None else 0.0
+    return {"scope": b["scope"], "name": b["name"], "gpu_hours": b["gpu_hours"], "period": b["period"],
+            "start": b["start"], "end": b["end"], "mode": b["mode"], "set_by": b["set_by"], "set_at": b["set_at"],
+            "in_force": st is not None, "used_gpu_hours": round(used, 4),
+            "left_gpu_hours": round(max(0.0, b["gpu_hours"] - used), 4),
+            "percent": round(100.0 * used / b["gpu_hours"], 1),
+            "used_up": bool(st is not None and st.used_up),
+            "period_start": st.period_start if st is not None else b["start"],
+            "period_end": (st.period_end if st.period_end is not None else b["end"]) if st is not None else b["end"]}
+
+
+def _reservation_audit(r: Reservation, source: str) -> dict[str, Any]:
+    return {"name": r.name, "gpus": r.gpus, "gpu_type": r.gpu_type, "host": r.host, "start": r.start,
+            "duration_s": r.duration_s, "repeat": r.repeat, "users": list(r.users), "groups": list(r.groups),
+            "source": source}
+
+
+def _jsonable(value: Any) -> dict[str, Any] | None:
+    """An audit row's before/after: a dict as it is, None as None, anything else wrapped."""
+    if value is None or isinstance(value, dict):
+        return value
+    return {"value": value}

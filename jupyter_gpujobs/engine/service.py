@@ -192,6 +192,7 @@ class JobService:
         self.scheduling.load_usage()
         self.rules.load_quotas()
         self.rules.load_reservations()
+        self.rules.load_budgets()
         self.reconcile()
         state.wake_event = asyncio.Event()
         state.freed = asyncio.Event()
@@ -241,20 +242,52 @@ class JobService:
 
     async def cancel(self, job_id: int, user: str, wait_s: float = 3.0) -> Job:
         """Cancel a pending job now, or stop a running one (SIGTERM, grace, SIGKILL) and wait
-        up to `wait_s` for it to end. Returns the job as it then is."""
+        up to `wait_s` for it to end. Returns the job as it then is. An admin's cancel of
+        another's job is audited."""
         job = self.get(job_id)
         self.check_owner(job, user)
         if job.state.is_final:
             return job
         if self.mirror is not None:
-            return await self.mirror.cancel(job, user, wait_s)
-        return await self.supervisors.cancel(job, user, wait_s)
+            out = await self.mirror.cancel(job, user, wait_s)
+        else:
+            out = await self.supervisors.cancel(job, user, wait_s)
+        if job.user != user:
+            self.rules.audit(user, "cancel", f"job:{job.id}", {"user": job.user, "state": job.state.value},
+                             {"state": out.state.value})
+        return out
 
     async def cancel_many(self, user: str, ids: list[int] | None = None, of_user: str | None = None,
                           array: int | None = None) -> dict[str, Any]:
         """Cancel these jobs, or all active ones `user` may cancel (of `of_user`, of an
         array): the pending ones in one store transaction (`Supervisors.cancel_many`)."""
-        return await self.supervisors.cancel_many(user, ids, of_user, array, self.cancel)
+        others = {j.id: j.user for j in self.state.pending.values() if j.user != user}
+        out = await self.supervisors.cancel_many(user, ids, of_user, array, self.cancel)
+        for job_id in out["cancelled"]:  # (the running ones are audited by `cancel`)
+            if job_id in others:
+                self.rules.audit(user, "cancel", f"job:{job_id}", {"user": others[job_id], "state": "PENDING"},
+                                 {"state": "CANCELLED"})
+        return out
+
+    def hold(self, job_id: int, user: str) -> Job:
+        """Keep a pending job from starting until released (`Changes.hold`)."""
+        self._changeable()
+        return self.changes.hold(job_id, user)
+
+    def release(self, job_id: int, user: str) -> Job:
+        """Let a held job be scheduled again (`Changes.release`)."""
+        self._changeable()
+        return self.changes.release(job_id, user)
+
+    def update(self, job_id: int, user: str, body: Any) -> Job:
+        """Change a job's time limit, priority, name or begin (`Changes.update`)."""
+        self._changeable()
+        return self.changes.update(job_id, user, body)
+
+    def _changeable(self) -> None:
+        if self.mirror is not None:
+            raise Conflict(None, f"jobs under the {self.runner.name} runner are scheduled by it; hold, release "
+                                 "and update them there")
 
     async def wait_ended(self, job_id: int, timeout: float) -> Job:
         return await self.job_events.wait_ended(job_id, timeout)

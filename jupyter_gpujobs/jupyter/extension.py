@@ -132,10 +132,12 @@ class GPUJobsApp(ExtensionApp):
 
             self.handlers.extend(FORWARD_HANDLERS)
             return
+        from ..engine.api.accounting import ACCOUNTING_HANDLERS
         from ..engine.api.monitor import MONITOR_HANDLERS
 
         self.handlers.extend(HANDLERS)
         self.handlers.extend(MONITOR_HANDLERS)
+        self.handlers.extend(ACCOUNTING_HANDLERS)
 
     async def _start_jupyter_server_extension(self, serverapp: object) -> None:
         if self.not_started is not None:

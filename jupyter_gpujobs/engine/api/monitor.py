@@ -115,7 +115,10 @@ class DrainHandler(MonitorHandler):
     @authorized
     async def post(self) -> None:
         host, gpu, draining, reason = gpu_action(self, "draining", self.monitor.host)
+        before = (host, gpu) in self.monitor.drained
         self.monitor.drain(host, gpu, draining, self.owner, reason)
+        self.service.rules.audit(self.owner, "drain", f"gpu:{host}:{gpu}", {"draining": before},
+                                 {"draining": draining, "reason": reason})
         self.reply({"gpus": self.service.gpu_views()})
 
 
@@ -128,6 +131,8 @@ class ForeignOverrideHandler(GPUJobsHandler):
         views = self.service.gpu_views()
         host, gpu, override, reason = gpu_action(self, "override", views[0]["host"] if views else "localhost")
         self.service.ignore_foreign(host, gpu, override, self.owner, reason)
+        self.service.rules.audit(self.owner, "foreign", f"gpu:{host}:{gpu}", None,
+                                 {"override": override, "reason": reason})
         self.reply({"gpus": self.service.gpu_views()})
 
 

@@ -26,12 +26,15 @@ May call: the scheduler's pure modules and the model; nothing of the engine, no 
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Collection, Container, Mapping, Sequence
 from functools import cached_property
 from itertools import compress
 from operator import attrgetter
 
 from ...model import GPU, Claim, Job, JobState, Plan, Policy, Reservation, Start
+from .budgets import BudgetState, mark_held
+from .budgets import apply as apply_budgets
 from .deferral import as_clock, dependency_status, next_offpeak
 from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
@@ -51,7 +54,7 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
              policy: Policy, usage: Usage | Mapping[str, float] | None = None,
              finished: Mapping[int, JobState] | None = None, estimate: bool = True,
              order: QueueOrder | None = None, claims: Sequence[Claim] = (),
-             reservations: Sequence[Reservation] = ()) -> Plan:
+             reservations: Sequence[Reservation] = (), budgets: Sequence[BudgetState] = ()) -> Plan:
     """Decide one cycle. Pure: reads only its arguments, returns a `Plan`.
 
     With `estimate=False` the cycle decides the same starts, preemptions, cancels, order and
@@ -75,13 +78,25 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
 
     `reservations`: the advance reservations (`Reservation`); the active or next occurrence
     of each is kept for its holders (reservations.py): others only backfill jobs that end
-    before it starts, and its holders' jobs start inside it."""
+    before it starts, and its holders' jobs start inside it.
+
+    `budgets`: the GPU-hour budgets with what was used of them (`budgets.BudgetState`): the
+    jobs of a used-up one wait with the reason, at the end of the order, or (its mode "low")
+    are walked at low priority."""
     by_id = pending if isinstance(pending, Mapping) else dict(zip(map(_id, pending), pending))
+    over_budget: dict[int, BudgetState] = {}
+    if budgets:  # used-up GPU-hour budgets: their jobs wait, or walk at low priority (budgets.py)
+        by_id, over_budget = apply_budgets(by_id, budgets)
     cycle = _Cycle(now, running, gpus, policy, finished or {}, by_id, reservations)
     cycle.estimate = estimate
     cycle.order = order
     cycle.claims = claims
-    return cycle.run(as_usage(usage))
+    if not over_budget:
+        return cycle.run(as_usage(usage))
+    cycle.over_budget = over_budget  # still active for the jobs that depend on them
+    plan = cycle.run(as_usage(usage))
+    mark_held(plan, over_budget, estimate)
+    return plan
 
 
 _id = attrgetter("id")
@@ -116,6 +131,7 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
     estimate = True  # book the jobs past the reservation depth for their expected start
     order: QueueOrder | None = None  # a kept priority order, else calculated
     claims: Sequence[Claim] = ()  # preemptors waiting for their victims (placed first)
+    over_budget: Mapping[int, object] = {}  # pending jobs held by a used-up budget (not walked)
 
     def __init__(self, now: float, running: Sequence[Job], gpus: Sequence[GPU], policy: Policy,
                  finished: Mapping[int, JobState], pending: Mapping[int, Job],
@@ -212,7 +228,7 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
     @cached_property
     def active(self) -> _Active:
         """Ids of the active jobs (for dependencies only)."""
-        return _Active(self.pending, self.ends)
+        return _Active(ChainMap(self.pending, self.over_budget) if self.over_budget else self.pending, self.ends)
 
     def run(self, usage: Usage) -> Plan:
         plan, now, policy = self.plan, self.now, self.policy

@@ -177,6 +177,42 @@ class NotificationRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+class BudgetRow(Base):
+    """A GPU-hour budget of a user or group over a period (revision 0008, issue 30; as Slurm's
+    GrpTRESMins): `period` "week", "month" or "dates" (then `start`/`end`); `mode` "hold"
+    (jobs wait once it is used) or "low" (they run at low priority). `warned_period` and
+    `warned_level` keep the warnings (80, 100 %) sent, so a restart sends none twice."""
+
+    __tablename__ = "budgets"
+
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # "users" / "groups"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_hours: Mapped[float] = mapped_column(Float)
+    period: Mapped[str] = mapped_column(String(16), default="month")
+    start: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mode: Mapped[str] = mapped_column(String(16), default="hold")
+    set_by: Mapped[str] = mapped_column(String(128))
+    set_at: Mapped[float] = mapped_column(Float)
+    warned_period: Mapped[float | None] = mapped_column(Float, nullable=True)
+    warned_level: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class AuditRow(Base):
+    """The audit trail of admin actions and policy changes (revision 0008, issue 30): who did
+    what to which target, when, with the state before and after."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(300), default="")
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
 # --------------------------------------------------------------------------- monitoring
 # (revision 0002; read and written by store/monitoring.py for jupyter_gpujobs/monitor/)
 
