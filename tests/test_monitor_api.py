@@ -138,9 +138,12 @@ async def test_idle_hog(api: Any, monitor: Any) -> None:
 
 
 async def test_busy_job_is_no_idle_hog_and_has_stats(api: Any, monitor: Any) -> None:
-    job = await submit(api, in_child("import time\nend = time.time() + 3.5\nwhile time.time() < end: pass",
+    # busy until it has had 3.5 s of CPU, however long that takes on a loaded machine (a wall-clock
+    # window gave it too little CPU there for enough busy readings)
+    job = await submit(api, in_child("import time\nend = time.process_time() + 3.5\n"
+                                     "while time.process_time() < end: pass",
                                      GPUJOBS_FAKE_MEM_MB="500"), env={"GPUJOBS_FAKE_MEM_MB": "0"})
-    end = await ended(api, job["id"])
+    end = await ended(api, job["id"], timeout=55)
     assert end["state"] == "COMPLETED"
     status, stats = await api("GET", f"jobs/{job['id']}/stats")
     # a busy loop looks busy (its CPU share: less than 100 % on a loaded machine)

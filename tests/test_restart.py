@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from servers import supervisors_under, wait_job
+from servers import supervisors_under, wait_job, wait_until
 
 PY = sys.executable
 
@@ -37,14 +37,19 @@ def test_job_survives_server_sigkill(live_server: Any, tmp_path: Any) -> None:
     assert again["assigned_gpus"] == held
 
     # while it runs, its GPU is not handed out again
-    others = [client.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1) for _ in range(2)]
-    time.sleep(1.0)
-    states = {o["id"]: client.job(o["id"]) for o in others}
-    running_others = [j for j in states.values() if j["state"] == "RUNNING"]
+    # (long enough that the first to start is still running while the test looks)
+    others = [client.submit([PY, "-c", "import time; time.sleep(60)"], gpus=1) for _ in range(2)]
+
+    def started() -> list[dict[str, Any]]:  # the one free GPU is taken (however long that takes)
+        return [j for o in others if (j := client.job(o["id"]))["state"] != "PENDING"]
+
+    running_others = wait_until(started, 30, "one of the others to start")
     assert len(running_others) == 1
     assert running_others[0]["assigned_gpus"] != held
 
     release.write_text("go")
+    for o in others:
+        client.cancel(o["id"])
     final = wait_job(client, job["id"], ("COMPLETED", "FAILED", "LOST"))
     assert final["state"] == "COMPLETED", final
     lines = client.log(job["id"])["data"].splitlines()
