@@ -11,6 +11,11 @@ Each widget polls the engine through the one client (`client.py`) from a backgro
 (every `interval` seconds, 1 s by default) and updates its child widgets' traits; `refresh()`
 does one poll by hand and `close()` stops the thread. A JobWidget stops polling once its job
 has ended.
+
+Clock times (an expected start: "by 14:05 at the latest") are written in the kernel, which does
+not know the browser's locale: they use the CLI's 24-hour form on the kernel's local clock
+(`model.format_expected_start`), so a widget, `%gpujobs` and `jupyter gpujobs` read alike. The
+lab extension's panel and dashboard, drawn in the browser, follow the browser's locale.
 """
 
 from __future__ import annotations

@@ -72,10 +72,14 @@ def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
         "JUPYTER_PREFER_ENV_PATH": "0",
     })
     env.update(extra)
-    # No "get notified about Jupyter news?" toast over the notifications under test.
+    # No "get notified about Jupyter news?" toast over the panel in screenshots or over the
+    # notifications under test: news are never fetched, and the plugin that asks is off.
     news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True, exist_ok=True)
     news.write_text('{"fetchNews": "false"}')
+    page_config = Path(env["JUPYTER_CONFIG_DIR"]) / "labconfig" / "page_config.json"
+    page_config.parent.mkdir(parents=True, exist_ok=True)
+    page_config.write_text('{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}')
     return env
 
 

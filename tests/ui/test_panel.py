@@ -303,6 +303,29 @@ def test_log_opens_in_the_main_area_and_follows_live(page: Any, client: Any) -> 
     wait_for(lambda: "finished" in status.inner_text(), 10, "the viewer to see the end")
 
 
+
+def test_log_of_a_silent_job_says_there_is_no_output_yet(page: Any, client: Any) -> None:
+    """A job that has printed nothing: its log tab says so (not a blank page), and once it has
+    ended, that it wrote nothing. No "Jupyter news?" toast covers the page (the tests' Lab
+    has the announcements plugin off)."""
+    page.set_viewport_size({"width": 1024, "height": 640})
+    open_panel(page)
+    job = client.submit(sleeper(60), gpus=1, time_limit="2m", name="quiet-one")
+    row = job_row(page, job["id"])
+    wait_for(lambda: row.get_attribute("data-state") == "RUNNING", 20, "the job to run")
+    row.locator('button[data-action="log"]').click()
+    empty = page.locator(f"#gpujobs-log-{job['id']} .jp-GPUJobs-logEmpty")
+    empty.wait_for(state="visible", timeout=10000)
+    assert "No output yet" in empty.inner_text()
+    assert page.locator(f"#gpujobs-log-{job['id']} .jp-GPUJobs-logText").inner_text() == ""
+    assert "news" not in " ".join(page.locator(".Toastify__toast").all_inner_texts()).lower()
+    screenshot(page, "log-no-output-yet")
+    client.cancel(job["id"])
+    status = page.locator(f"#gpujobs-log-{job['id']} .jp-GPUJobs-logStatus")
+    wait_for(lambda: "finished" in status.inner_text(), 15, "the viewer to see the end")
+    assert "The job wrote no output." in empty.inner_text()
+
+
 # ------------------------------------------------------------- run notebook dialog
 
 
