@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -154,6 +155,31 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 def _queue_params(limit: int | None, offset: int, user: str | None) -> dict[str, Any]:
     return _drop_none({"limit": limit, "offset": offset or None, "user": user})
+
+
+#: How often a call answered 503 with Retry-After (the store's database down or read-only for a
+#: moment) is sent again, and the longest wait between two tries; each retry is said on stderr.
+RETRIES_503 = 3
+MAX_RETRY_WAIT_S = 30.0
+
+
+def retry_after(response: httpx.Response, attempt: int) -> float | None:
+    """Seconds to wait before sending a call again that was answered `response` (the
+    `attempt`th try), or None not to: only a 503 with Retry-After, RETRIES_503 times at most.
+    Says so on stderr (a terminal, or a notebook cell's output)."""
+    if response.status_code != 503 or attempt > RETRIES_503:
+        return None
+    try:
+        delay = min(MAX_RETRY_WAIT_S, max(0.0, float(response.headers["Retry-After"])))
+    except (KeyError, ValueError):
+        return None  # a 503 with no Retry-After (an engine that did not start) will not pass by waiting
+    try:
+        message = response.json().get("message") or response.reason_phrase
+    except ValueError:
+        message = response.reason_phrase
+    print(f"gpujobs: the engine cannot take this now ({message}); trying again in {delay:g}s "
+          f"({attempt} of {RETRIES_503})", file=sys.stderr, flush=True)
+    return delay
 
 
 def _raise_for(response: httpx.Response) -> Any:
@@ -364,10 +390,17 @@ class GPUJobsClient(_Calls):
 
     def _call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
               body: Any = None, pick: Callable[[Any], Any] | None = None) -> Any:
-        try:
-            r = self._http.request(method, path, params=params, json=body)
-        except httpx.HTTPError as err:
-            raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+        attempt = 1
+        while True:
+            try:
+                r = self._http.request(method, path, params=params, json=body)
+            except httpx.HTTPError as err:
+                raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+            delay = retry_after(r, attempt)
+            if delay is None:
+                break
+            time.sleep(delay)
+            attempt += 1
         data = _raise_for(r)
         return pick(data) if pick else data
 
@@ -415,10 +448,17 @@ class AsyncGPUJobsClient(_Calls):
 
     async def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
                     pick: Callable[[Any], Any] | None) -> Any:
-        try:
-            r = await self._http.request(method, path, params=params, json=body)
-        except httpx.HTTPError as err:
-            raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+        attempt = 1
+        while True:
+            try:
+                r = await self._http.request(method, path, params=params, json=body)
+            except httpx.HTTPError as err:
+                raise GPUJobsError(f"cannot reach the engine at {self.url}: {err}") from None
+            delay = retry_after(r, attempt)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            attempt += 1
         data = _raise_for(r)
         return pick(data) if pick else data
 

@@ -408,6 +408,15 @@ class GPUJobs(Configurable):
                              "lock files 0600) so no user can take, spoof or block a claim; an engine that is "
                              "not root claims in its own user's folder (this one if it is theirs).")
     max_body_bytes = Integer(1 << 20, config=True, help="Largest request body accepted by the REST API.")
+    connection_idle_timeout = Float(60.0, config=True,
+                                    help="Seconds a connection to the server may stay open without sending a "
+                                         "request (also between the requests of a kept-alive one) before it is "
+                                         "closed: idle connections would otherwise hold open files for an hour.")
+    connection_body_timeout = Float(60.0, config=True,
+                                    help="Seconds a request body may stall before its connection is closed.")
+    max_connections_per_user = Integer(256, config=True,
+                                       help="The shared engine's socket: open connections one Unix user may hold; "
+                                            "more are closed at once.")
     poll_interval = Float(0.05, config=True, help="Seconds between checks for ended jobs.")
     tick_interval = Float(5.0, config=True, help="Seconds between scheduling cycles when nothing happens.")
     estimate_interval = Float(10.0, config=True,

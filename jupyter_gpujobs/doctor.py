@@ -71,7 +71,8 @@ def check_engine(ctx: Context) -> list[Check]:
         message = getattr(err, "message", str(err))
         if getattr(err, "status", None) == 503 and "did not start" in message:
             return [Check("engine", FAIL, f"found ({how}), but {message}",
-                          "fix what it names, then restart the server")]
+                          "do what it says (a damaged store: restore the file it names from a backup; another "
+                          "engine on the store: stop it), then restart the server")]
         return [Check("engine", FAIL, f"not reachable ({how}): {message}",
                       "start JupyterLab with the extension (`scripts/run-lab.sh` in a clone, or `jupyter lab`); "
                       "check `jupyter server extension list` shows jupyter_gpujobs enabled")]
@@ -211,6 +212,21 @@ def check_store(ctx: Context) -> list[Check]:
     return [Check("store", OK, found)]
 
 
+def check_open_files(ctx: Context) -> list[Check]:
+    """The engine's open-files limit (raised to the hard one at start) and how much is used."""
+    files = ctx.info.get("open_files")
+    if ctx.client is None or not isinstance(files, dict) or not files.get("soft"):
+        return []
+    soft, used = int(files["soft"]), files.get("in_use")
+    found = f"limit {soft}" + (f" (raised at start from {files['raised_from']})" if files.get("raised_from") else "")
+    found += f", {used} open" if used is not None else ""
+    if soft < 4096 or (used is not None and used > 0.8 * soft):
+        return [Check("open files", WARN, found,
+                      "raise the engine's hard limit (LimitNOFILE= in its systemd unit, or `ulimit -Hn` before "
+                      "starting the server): each connection and job holds open files")]
+    return [Check("open files", OK, found)]
+
+
 def check_lab_extension(ctx: Context) -> list[Check]:
     """The JupyterLab extension, as this machine's Jupyter finds it (the panel)."""
     from jupyter_core.paths import jupyter_config_path, jupyter_path
@@ -261,7 +277,8 @@ def check_kernelspecs(ctx: Context) -> list[Check]:
 
 #: The checks, in the order they are shown. Add one by appending a function Context -> [Check].
 CHECKS: list[Callable[[Context], list[Check]]] = [
-    check_command, check_engine, check_gpus, check_hidepid, check_store, check_lab_extension, check_kernelspecs,
+    check_command, check_engine, check_gpus, check_hidepid, check_store, check_open_files, check_lab_extension,
+    check_kernelspecs,
 ]
 
 

@@ -29,6 +29,7 @@ from traitlets import Unicode
 
 from ..config import GPUJobs, retention_seconds
 from .claim import GPUClaim
+from .connections import NOISY_LOGGERS, PeerCappedHTTPServer, install_repeat_filter, raise_open_files_limit
 from .gpus import make_backend
 from .runners import make_runner
 from .runners.mps import MPSControl
@@ -50,6 +51,11 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     """(JobService, Monitor) for one engine. `job_env` gets what jobs need to find it
     (and, on fake GPUs, the fleet name). `shared`: the machine's shared engine (its jobs never
     get its environment); else a Jupyter server's own (a personal session)."""
+    install_repeat_filter({*NOISY_LOGGERS, log.name, log.name.split(".")[0]})
+    limit = raise_open_files_limit()
+    if limit["raised_from"] is not None:
+        log.info("gpujobs: raised the open-files limit from %d to %d (the hard limit)", limit["raised_from"],
+                 limit["soft"])
     for repaired in private_state_dir(data_dir):
         log.warning("gpujobs: %s was readable by other users (it holds every job's command, environment "
                     "and log): made private to the engine's user", repaired)
@@ -297,7 +303,6 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         import tornado.web
         from jupyter_server.auth.authorizer import AllowAllAuthorizer
-        from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_unix_socket
 
         from .api.accounting import ACCOUNTING_HANDLERS
@@ -320,10 +325,14 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
         os.umask(0o077)
         job_env = {"GPUJOBS_URL": "unix://" + path}  # jobs reach the engine as their own uid: no token
         private = True if cfg.private_data is None else cfg.private_data
-        service, monitor = build_engine(
-            cfg, self.log, data_dir=Path(cfg.state_dir or DEFAULT_STATE_DIR), root_dir=Path("/"),
-            job_env=job_env, admin_users={"root"} | set(cfg.admin_users), private_data=private,
-            admin_group=cfg.admin_group or None, shared=True)
+        try:
+            service, monitor = build_engine(
+                cfg, self.log, data_dir=Path(cfg.state_dir or DEFAULT_STATE_DIR), root_dir=Path("/"),
+                job_env=job_env, admin_users={"root"} | set(cfg.admin_users), private_data=private,
+                admin_group=cfg.admin_group or None, shared=True)
+        except (StoreInUse, StoreDamaged) as err:
+            self.log.critical("gpujobs: not starting: %s", err)
+            raise SystemExit(1) from None
         settings = engine_settings(service, monitor, "jupyter", "root", cfg.max_body_bytes)
         app = tornado.web.Application(
             HANDLERS + MONITOR_HANDLERS + ACCOUNTING_HANDLERS,  # type: ignore[arg-type]
@@ -334,7 +343,9 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
             allow_remote_access=True,  # no TCP: the Host header of a socket request means nothing
             **settings,
         )
-        server = HTTPServer(app, xheaders=False)
+        server = PeerCappedHTTPServer(app, xheaders=False, idle_connection_timeout=cfg.connection_idle_timeout,
+                                      body_timeout=cfg.connection_body_timeout)
+        server.max_per_peer = cfg.max_connections_per_user
         server.add_sockets([bind_unix_socket(path, mode=0o666)])
         await start_engine(service, monitor)
         self.log.info("gpujobs shared engine: %s; socket %s (any local user, known by uid; admins: root%s); "

@@ -24,6 +24,7 @@ from traitlets import Any, Instance, TraitError, Unicode
 from ..config import GPUJobs
 from ..engine.api.handlers import HANDLERS
 from ..engine.app import build_engine, describe, engine_settings, start_engine, stop_engine
+from ..engine.connections import set_timeouts
 from ..engine.service import JobService
 
 
@@ -144,6 +145,10 @@ class GPUJobsApp(ExtensionApp):
             return
         if self.service is not None:
             await start_engine(self.service, self.monitor)
+        cfg = self.settings_obj
+        server = getattr(serverapp, "http_server", None)
+        if cfg is not None and server is not None:  # jupyter_server sets no timeouts: tornado's hour and none
+            set_timeouts(server, cfg.connection_idle_timeout, cfg.connection_body_timeout)
         from .provisioner import start_reconciler
 
         start_reconciler(self.log)  # end the jobs of GPU kernels that did not survive a restart

@@ -21,6 +21,7 @@ from typing import Any
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web, websocket
 
 from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
@@ -28,6 +29,7 @@ from ..errors import Conflict, NotFound, PermissionDenied, StoreUnavailable
 from ..monitor import may_see
 from ..notify import Notifier
 from ..service import JobService
+from ..store import store_trouble
 from .identity import peer_pid
 
 AUTH_RESOURCE = "gpujobs"
@@ -35,6 +37,8 @@ API = "gpujobs/api"
 SPEC_PATH = Path(__file__).with_name("openapi.json")
 #: How deep arrays and objects may nest in a request body (a submission needs 3 or 4).
 MAX_JSON_DEPTH = 32
+#: Retry-After (seconds) of a 503 while the store cannot be written (its database down, read-only)
+RETRY_AFTER_S = 5
 
 
 def _non_finite(value: Any) -> str | None:
@@ -204,9 +208,23 @@ class GPUJobsHandler(APIHandler):
             return  # the engine logs a full or read-only store once a minute, not every request
         super()._log()
 
+    def _store_trouble(self, e: BaseException) -> StoreUnavailable | None:
+        """`e` as the store's trouble (full, read-only, its database server down), noted by
+        the engine (logged once a minute, not per request); None for any other error."""
+        if isinstance(e, StoreUnavailable):
+            return e
+        if not isinstance(e, SQLAlchemyError):
+            return None
+        trouble = store_trouble(e, self.service.store.location)
+        if trouble is not None:
+            self.service.state.note_store_trouble(trouble)
+        return trouble
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, ApiError):
+            if exc.retry_after is not None:  # (send_error cleared the headers set before)
+                self.set_header("Retry-After", str(exc.retry_after))
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps({"message": exc.message, "field": exc.field}))
             return
@@ -221,8 +239,9 @@ class GPUJobsHandler(APIHandler):
             e = ApiError(403, getattr(e, "field", None), str(e))
         elif isinstance(e, Conflict):
             e = ApiError(409, e.field, e.message)
-        elif isinstance(e, StoreUnavailable):  # 507 Insufficient Storage; read-only: 503
-            e = ApiError(503 if e.read_only else 507, None, str(e))
+        elif (trouble := self._store_trouble(e)) is not None:  # 507 Insufficient Storage; read-only, down: 503
+            e = ApiError(503 if trouble.read_only else 507, None, str(trouble))
+            e.retry_after = RETRY_AFTER_S if trouble.read_only else 60
         if isinstance(e, ApiError):
             if self._finished:
                 return
@@ -236,6 +255,7 @@ class ApiError(web.HTTPError):
         super().__init__(status, log_message=message.replace("%", "%%"))
         self.field = field
         self.message = message
+        self.retry_after: int | None = None  # seconds, sent as Retry-After
 
 
 class GPUsHandler(GPUJobsHandler):
@@ -431,6 +451,7 @@ class InfoHandler(GPUJobsHandler):
     @authorized
     async def get(self) -> None:
         from ... import __version__
+        from ..connections import open_files_report
         from ..store.report import store_report
 
         user = self.owner
@@ -441,6 +462,7 @@ class InfoHandler(GPUJobsHandler):
             store.pop("url")
         self.reply({
             "version": __version__,
+            "open_files": open_files_report(),
             "user": user,
             "admin": admin,
             "identity": self.settings.get("gpujobs_identity", "unix"),

@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from ...model import Dependency, Job, JobState, Reservation
 from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, ReservationRow, UsageRow
 
-__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "store_trouble"]
+__all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "StoreUnreachable",
+           "store_trouble"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -53,11 +54,29 @@ class StoreUnavailable(RuntimeError):
                          f"disk full on {where}: nothing can be stored until space is freed there")
 
 
+class StoreUnreachable(StoreUnavailable):
+    """The database server does not answer (down, restarting, the network): nothing can be
+    stored until it does; answered 503 with Retry-After. Reads of what the engine keeps in
+    memory still work."""
+
+    def __init__(self, where: str, cause: str):
+        RuntimeError.__init__(self, f"the store {where} cannot be reached ({cause}): nothing can be stored until it "
+                                    "answers again; retry in a few seconds")
+        self.where = where
+        self.read_only = True
+
+
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _READ_ONLY_ERRNOS = {errno.EROFS}
 # SQLite's and PostgreSQL's words for the same conditions (sqlite3 gives no error code before 3.11)
 _FULL_WORDS = ("database or disk is full", "no space left on device", "could not extend file", "diskfull")
 _READ_ONLY_WORDS = ("readonly database", "read-only file system", "read-only transaction")
+# a database server that does not answer (libpq's and the server's words: down, restarting)
+_UNREACHABLE_WORDS = ("connection refused", "could not connect", "server closed the connection",
+                      "terminating connection", "the database system is shutting down",
+                      "the database system is starting up", "the database system is in recovery mode",
+                      "no connection to the server", "connection timed out", "consuming input failed",
+                      "connection is closed", "connection is lost")
 
 
 def store_trouble(err: BaseException, where: str) -> StoreUnavailable | None:
@@ -76,6 +95,9 @@ def store_trouble(err: BaseException, where: str) -> StoreUnavailable | None:
             return StoreUnavailable(where, True)
         if any(w in text for w in _FULL_WORDS):
             return StoreUnavailable(where, False)
+        if not isinstance(cause, OSError) and any(w in text for w in _UNREACHABLE_WORDS):
+            return StoreUnreachable(where, str(cause).strip().splitlines()[0][:200] if str(cause).strip() else
+                                    type(cause).__name__)
         cause = getattr(cause, "orig", None) or cause.__cause__
         seen += 1
     return None
