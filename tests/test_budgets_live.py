@@ -85,6 +85,10 @@ def test_a_used_up_group_budget_holds_its_jobs_warns_and_outlives_a_restart(live
     quota = c["bob"].quota()
     shown = next(b for b in quota["budgets"] if b["name"] == "vision")
     assert shown["left_gpu_hours"] == 0 and shown["percent"] >= 100
+    from jupyter_gpujobs.notebook.widgets import QuotaWidget
+
+    widget = QuotaWidget(c["bob"], autostart=False)
+    assert "budget of group vision: " in widget.details.value and "0.00 left (used up)" in widget.details.value
     shown_cli = server.cli("quota", "--user", "bob")
     assert "GPU-hour budgets" in shown_cli.stdout and "group vision: " in shown_cli.stdout, shown_cli
 

@@ -19,9 +19,10 @@ def _spec_path(pattern: str) -> str:
 
 
 def _handlers() -> list[tuple[str, type]]:
+    from jupyter_gpujobs.engine.api.accounting import ACCOUNTING_HANDLERS
     from jupyter_gpujobs.engine.api.monitor import MONITOR_HANDLERS
 
-    return list(HANDLERS) + list(MONITOR_HANDLERS)
+    return list(HANDLERS) + list(MONITOR_HANDLERS) + list(ACCOUNTING_HANDLERS)
 
 
 def test_spec_matches_handlers() -> None:

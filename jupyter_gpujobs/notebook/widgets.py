@@ -396,6 +396,10 @@ class QuotaWidget(_LiveWidget):
             gq = g.get("quota") or {}
             lines.append(f"group {name}: {g.get('running_gpus', 0)} GPUs running "
                          f"(guaranteed {gq.get('guaranteed_gpus', 0)}, max {gq.get('max_gpus', 'no limit')})")
+        for b in q.get("budgets") or ():  # GPU-hour budgets (issue 30): used and left in this period
+            lines.append(f"budget of {b['scope'][:-1]} {b['name']}: {b['used_gpu_hours']:.2f} of {b['gpu_hours']:g} "
+                         f"GPU-hours used this {b['period']}, {b['left_gpu_hours']:.2f} left"
+                         + (" (used up)" if b.get("used_up") else ""))
         self.details.value = "<br>".join(html.escape(safe_text(line)) for line in lines)
 
 

@@ -159,6 +159,23 @@ export interface IQuota {
   max_time_limit_s: number | null;
   total_gpus?: number;
   groups?: { [name: string]: any };
+  budgets?: IBudget[];
+}
+
+/** A GPU-hour budget the user draws on (an item of `GET budgets`, and of `quota.budgets`). */
+export interface IBudget {
+  scope: 'users' | 'groups';
+  name: string;
+  gpu_hours: number;
+  period: 'week' | 'month' | 'dates';
+  mode: 'hold' | 'low';
+  in_force: boolean;
+  used_gpu_hours: number;
+  left_gpu_hours: number;
+  percent: number;
+  used_up: boolean;
+  period_start: number | null;
+  period_end: number | null;
 }
 
 export interface IWhoAmI {

@@ -768,6 +768,13 @@ function Tiles(props: { model: DashboardModel }): React.ReactElement {
       <Tile name="findings" label="Open findings" value={String(findings.length)}
         note={errors ? `${errors} need${errors === 1 ? 's' : ''} attention` : findings.length ? 'warnings' : 'all quiet'}
         level={errors ? 'error' : findings.length ? 'warn' : 'ok'} />
+      {(jobs.quota?.budgets ?? []).map(b => (
+        <Tile key={`${b.scope}:${b.name}`} name="budget" label={`GPU-hours of ${b.scope === 'users' ? 'user' : 'group'} ${b.name}`}
+          value={`${b.left_gpu_hours.toFixed(1)} of ${b.gpu_hours} left`} fraction={b.used_gpu_hours / b.gpu_hours}
+          note={b.used_up ? (b.mode === 'low' ? 'used up: jobs run at low priority' : 'used up: jobs wait') :
+            `${b.percent}% used this ${b.period === 'dates' ? 'term' : b.period}`}
+          level={b.used_up ? 'error' : b.percent >= 80 ? 'warn' : 'ok'} />
+      ))}
     </div>
   );
 }

@@ -732,6 +732,20 @@ function Quota(props: { quota: IQuota | null; gpusOnServer: number }): React.Rea
             : 'no maximum time limit per job'}
         </li>
       </ul>
+      {(q.budgets ?? []).map(b => (
+        <QuotaBar
+          key={`${b.scope}:${b.name}`}
+          label={`${b.scope === 'users' ? 'My' : b.name} GPU-hours`}
+          text={
+            `${b.left_gpu_hours.toFixed(1)} of ${b.gpu_hours} GPU-hours left this ${b.period === 'dates' ? 'term' : b.period}` +
+            (b.used_up ? (b.mode === 'low' ? ' (used up: jobs run at low priority)' : ' (used up: jobs wait)') : '')
+          }
+          value={b.used_gpu_hours}
+          max={b.gpu_hours}
+          borrowed={b.used_up}
+          name="budget"
+        />
+      ))}
     </div>
   );
 }
