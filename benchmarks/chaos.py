@@ -11,6 +11,11 @@ Runs, each on a fresh server:
 - disk full: the server's state directory is a small tmpfs, filled while jobs run and are
   submitted, then freed (needs root, to mount it).
 - read-only store: the server reopens its database read-only and is asked to write.
+- connection flood: a server at a 1024 soft open-files limit gets 1,100 idle connections and
+  100 half-sent requests; how fast it answers meanwhile, how soon it closes them, its log.
+- PostgreSQL outage: the store's PostgreSQL is stopped for 15 s while submissions come; the
+  answers (503 with Retry-After, not 500), the log lines, and that nothing acknowledged is lost
+  (needs PostgreSQL installed: scripts/install-postgres.sh).
 - polling load: 50 clients poll `GET queue` with 10,000 jobs queued; re-dispatch latency of
   freed GPUs (benchmarks/chaos_load.py).
 
@@ -115,6 +120,115 @@ def read_only(server: LiveServer, runs: Path) -> dict[str, Any]:
     return {"status": r.status_code, "message": r.json().get("message", "")[:100], "reads_work": readable}
 
 
+def connection_flood(make: Callable[..., LiveServer]) -> dict[str, Any]:
+    """1,100 idle connections and 100 half-sent requests on a server started at a 1024 soft
+    open-files limit (and an idle timeout of 10 s): whoami latency meanwhile, when the server
+    had closed them all, its log lines."""
+    import resource
+    import socket
+
+    import httpx
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        server = make(fake_gpus="1xA100", config={"connection_idle_timeout": 10, "connection_body_timeout": 10},
+                      extra_args=["--ServerApp.min_open_files_limit=0"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    lines_before = server.server_log().count("\n")
+    conns: list[socket.socket] = []
+    t0 = time.monotonic()
+    for i in range(1200):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        if i >= 1100:  # half-sent: headers promising a body that never comes
+            s.sendall(b"POST /gpujobs/api/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        conns.append(s)
+    latencies = []
+    for _ in range(20):
+        t = time.perf_counter()
+        r = httpx.get(server.url + "gpujobs/api/whoami", headers={"Authorization": f"token {server.token}"},
+                      timeout=60)
+        latencies.append((time.perf_counter() - t) * 1000)
+        assert r.status_code == 200, r.text
+    for s in conns:
+        s.setblocking(False)
+    open_ = set(conns)
+    while open_ and time.monotonic() - t0 < 180:
+        for s in list(open_):
+            try:
+                if s.recv(1) == b"":
+                    open_.discard(s)
+            except BlockingIOError:
+                pass
+            except OSError:
+                open_.discard(s)
+        time.sleep(0.2)
+    closed_after = time.monotonic() - t0
+    for s in conns:
+        s.close()
+    info = server.client().info().get("open_files", {})
+    return {"whoami_p50_ms": sorted(latencies)[10], "whoami_max_ms": max(latencies), "left_open": len(open_),
+            "all_closed_after_s": closed_after, "log_lines": server.server_log().count("\n") - lines_before,
+            "open_files": info}
+
+
+def postgres_outage(make: Callable[..., LiveServer], runs: Path, seconds: float = 15.0) -> dict[str, Any]:
+    """Stop the store's PostgreSQL for `seconds` while jobs run and submissions come."""
+    import httpx
+    from test_store_outage import Postgres
+
+    pg = Postgres()
+    try:
+        server = make(fake_gpus="4xA100", config={"db_url": pg.url})
+        client = server.client()
+        acked = submit_acked(client, recording_command(runs, 1.0), array="0-7", gpus=1, name="before")
+        lines_before = server.server_log().count("\n")
+        pg.stop()
+        statuses: dict[int, int] = {}
+        messages: set[str] = set()
+        retry_after: set[str] = set()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            r = httpx.post(server.url + "gpujobs/api/jobs", json={"command": recording_command(runs, 0.2), "gpus": 1},
+                           headers={"Authorization": f"token {server.token}"}, timeout=30)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if r.status_code == 201:
+                acked.append(r.json()["id"])
+            else:
+                messages.add(str(r.json().get("message", r.text))[:100])
+                retry_after.add(r.headers.get("Retry-After", "none"))
+            time.sleep(0.02)
+        log_lines = server.server_log().count("\n") - lines_before
+        pg.start()
+        counts = check(client, acked, runs)
+        after = submit_acked(client, recording_command(runs, 0.2), gpus=1)
+        counts.add(check(client, after, runs))
+        server.stop()
+        return {"counts": counts, "statuses": statuses, "messages": sorted(messages), "retry_after": sorted(retry_after),
+                "log_lines": log_lines, "seconds": seconds}
+    finally:
+        pg.stop("immediate")
+        import shutil
+
+        shutil.rmtree(pg.base, ignore_errors=True)
+
+
+def on_servers(scenario: Callable[[Callable[..., LiveServer], Path], Any]) -> Any:
+    """`scenario(make, runs)` with a live-server factory in a temporary directory, cleaned up after."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        runs = tmp / "runs"
+        runs.mkdir()
+        servers = live_servers(tmp)
+        make = next(servers)
+        try:
+            return scenario(make, runs)
+        finally:
+            kill_job_processes(runs)
+            next(servers, None)
+
+
 def polling_load(quick: bool) -> dict[str, float] | str:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
@@ -128,7 +242,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer crash cycles and shorter load phases (minutes)")
     p.add_argument("--seed", type=int, default=15, help="seed of the kill times")
-    p.add_argument("--skip", action="append", default=[], choices=["burst", "dispatch", "disk", "load"],
+    p.add_argument("--skip", action="append", default=[], choices=["burst", "dispatch", "disk", "load", "flood", "postgres"],
                    help="leave out a scenario (repeatable)")
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -169,6 +283,26 @@ def main() -> int:
                 say(f"message: {m}")
         ro = on_server("1xA100", read_only)
         rows.append(("read-only store", f"answer {ro['status']} ({ro['message']!r}), reads work: {ro['reads_work']}"))
+    if "flood" not in args.skip:
+        print("connection flood (1,100 idle + 100 half-sent connections, soft open-files limit 1024)", flush=True)
+        flood = on_servers(lambda make, runs: connection_flood(make))
+        rows.append(("connection flood", f"whoami p50 {flood['whoami_p50_ms']:.1f} ms, max {flood['whoami_max_ms']:.1f} "
+                                         f"ms; all closed after {flood['all_closed_after_s']:.1f} s (left open "
+                                         f"{flood['left_open']}); log lines {flood['log_lines']}; open files "
+                                         f"{flood['open_files']}"))
+    if "postgres" not in args.skip:
+        print("PostgreSQL outage (15 s, submissions every 20 ms)", flush=True)
+        try:
+            outage = on_servers(lambda make, runs: postgres_outage(make, runs))
+        except (RuntimeError, OSError) as err:
+            rows.append(("PostgreSQL outage", f"skipped: {err}"))
+        else:
+            total.add(outage["counts"])
+            rows.append(("PostgreSQL outage", f"{_counts(outage['counts'])}; answers {outage['statuses']}, "
+                                              f"Retry-After {outage['retry_after']}, log lines "
+                                              f"{outage['log_lines']} in {outage['seconds']:.0f} s"))
+            for m in outage["messages"]:
+                say(f"message: {m}")
     load: dict[str, float] | str = "not run"
     if "load" not in args.skip:
         print("polling load (benchmarks/chaos_load.py)", flush=True)
