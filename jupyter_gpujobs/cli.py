@@ -79,7 +79,7 @@ def format_jobs(jobs: list[dict[str, Any]], now: float) -> str:
     for j in jobs:
         if j["state"] == "RUNNING":
             when = f"{format_duration(now - j['started_at'])}/{format_duration(j['time_limit_s'])}"
-        elif j["state"] == "PENDING":
+        elif j["state"] in ("PENDING", "HELD"):
             when = "starts " + _starts(j, now) if j.get("expected_start") else "-"
         else:
             when = "ended " + _ago(j.get("ended_at"), now)
@@ -129,6 +129,8 @@ def format_gpus(gpus: list[dict[str, Any]]) -> str:
             holder = f"busy: {g['foreign']}"
         else:
             holder = "free"
+        if g.get("draining"):
+            holder = "draining (no new jobs)" + ("" if holder == "free" else f"; {holder}")
         row = [str(g["index"]), g["name"], f"{g['utilization']:.0f}%", mem, holder]
         rows.append([str(g.get("host")), *row] if cluster else row)
     head = ["GPU", "MODEL", "UTIL", "MEMORY", "HELD BY"]
@@ -180,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
         sp.add_argument("--mem", help="host memory limit, e.g. 32G (the job is stopped past it)")
         sp.add_argument("--cpus", help="CPU limit in cores, e.g. 8 or 0.5")
+        sp.add_argument("--retries", type=int, help="retry a failed run this many times (not a cancel, a time "
+                        "limit or out of memory)")
+        sp.add_argument("--retry-backoff", dest="retry_backoff", help="wait before the first retry (default 30s; "
+                        "each next one waits twice as long)")
+        sp.add_argument("--retry-oom", dest="retry_oom", action="store_true", help="retry runs out of memory too")
+        sp.add_argument("--hold", action="store_true", help="submit it held: it starts once released")
         sp.add_argument("--json", action="store_true", help="print the job as JSON")
 
     s = sub.add_parser("submit", help="submit a command as a GPU job", description="Submit a command: "
@@ -221,6 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("log", help="print a job's output")
     lg.add_argument("id", type=int)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    for verb, what in (("hold", "keep pending jobs from starting (HELD) until released"),
+                       ("release", "let held jobs start again")):
+        hd = sub.add_parser(verb, help=what)
+        hd.add_argument("ids", type=int, nargs="+")
+    up = sub.add_parser("update", help="change a job's time limit (a running job's too), priority, name or begin")
+    up.add_argument("id", type=int)
+    up.add_argument("-t", "--time", dest="time_limit", help="new time limit, e.g. 4h")
+    up.add_argument("--priority", help="low, normal, high or urgent")
+    up.add_argument("--name", help="new name")
+    up.add_argument("--begin", help="not before this time (2026-12-24T20:00, +2h; 'now')")
+    up.add_argument("--json", action="store_true", help="print the job as JSON")
+    for verb, what in (("drain", "admins: start no new job on a GPU (running ones go on)"),
+                       ("undrain", "admins: hand a drained GPU out again")):
+        dn = sub.add_parser(verb, help=what)
+        dn.add_argument("gpu", type=int, help="GPU index")
+        dn.add_argument("--host", help="the GPU's host (default: this engine's)")
+        if verb == "drain":
+            dn.add_argument("--reason", default="", help="why (shown with the GPU)")
     g = sub.add_parser("gpus", help="the GPUs and who holds them")
     g.add_argument("--json", action="store_true")
     g.add_argument("--override", type=int, metavar="GPU",
@@ -376,11 +402,15 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--gpus: expected a number of GPUs (2) or a share of one GPU (0.25), "
                              f"got {args.gpus!r}") from None
     body: dict[str, Any] = {"gpus": gpus}
-    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus", "gpu_memory"):
+    for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus", "gpu_memory",
+                "retries", "retry_backoff"):
         if getattr(args, key, None) is not None:
             body[key] = getattr(args, key)
     if args.preemptible:
         body["preemptible"] = True
+    for flag in ("retry_oom", "hold"):
+        if getattr(args, flag, False):
+            body[flag] = True
     deps = [f"after:{i}" for i in args.after] + [f"afterok:{i}" for i in args.afterok]
     if deps:
         body["depends"] = deps
@@ -477,6 +507,9 @@ def run(argv: Sequence[str]) -> int:
                 return 0
             if job.get("command"):
                 print("command: " + safe_text(shlex.join(job["command"])))
+            if job.get("retries"):
+                print(f"retries: {job.get('retried', 0)} of {job['retries']} used (the first after "
+                      f"{format_duration(job.get('retry_backoff_s'))}, each next one twice as long)")
             for e in client.events(args.id):
                 print(safe_text(f"  {_when(e['time'])}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":
@@ -521,6 +554,8 @@ def run(argv: Sequence[str]) -> int:
                 print(report["isolation"])
             if report.get("share_enforcement"):
                 print(report["share_enforcement"])
+    elif args.cmd in ("hold", "release", "update", "drain", "undrain"):
+        return _change(client, args)
     elif args.cmd == "quota":
         return _quota(client, args)
     elif args.cmd == "reserve":

@@ -217,6 +217,12 @@ class _Calls:
         """`{"gpus": [...], "backend", "isolation"}`: the inventory and what confines jobs here."""
         return self._call("GET", "gpus")
 
+    def drain(self, gpu: int, reason: str = "", host: str | None = None, draining: bool = True) -> Any:
+        """Admin: start no new job on a GPU (running ones go on), or with `draining=False`
+        hand it out again."""
+        return self._call("POST", "gpus/drain", body=_drop_none({"gpu": gpu, "host": host, "draining": draining,
+                                                                 "reason": reason}))
+
     def set_foreign_override(self, gpu: int, override: bool = True, reason: str = "", host: str | None = None) -> Any:
         """Admin: hand out a GPU although a process outside the queue uses it (until it is seen
         unused), or with `override=False` take that back. Returns `{"gpus": [...]}`."""
@@ -275,6 +281,20 @@ class _Calls:
         body: dict[str, Any] = ({"ids": [int(i) for i in ids]} if ids is not None else {"user": user} if user is not None
                                 else {"array": int(array)} if array is not None else {"all": True} if all else {})
         return self._call("POST", "jobs/cancel", body=body)
+
+    def hold(self, job_id: int) -> Any:
+        """Keep a pending job from starting (state HELD) until `release`; returns it."""
+        return self._call("POST", f"jobs/{int(job_id)}/hold")
+
+    def release(self, job_id: int) -> Any:
+        """Let a held job be scheduled again; returns it."""
+        return self._call("POST", f"jobs/{int(job_id)}/release")
+
+    def update(self, job_id: int, **changes: Any) -> Any:
+        """Change a job's `time_limit`, `priority`, `name` or `begin` (None: now); returns it.
+        A running job's limit is extended only within your maximum and when it pushes back no
+        reservation or guaranteed job (GPUJobsError 409 says why otherwise)."""
+        return self._call("PATCH", f"jobs/{int(job_id)}", body=changes)
 
     def end(self, job_id: int, state: str = "COMPLETED", reason: str | None = None) -> Any:
         """Report the end of a job whose process the engine did not start (a kernel)."""

@@ -714,6 +714,12 @@ class Job:
     # part of one GPU (`gpus: 0.25`): 0 < share < 1 of the card's memory and time; None for whole GPUs
     share: float | None = None
     gpu_memory: int | None = None  # bytes of one card's memory asked for (`gpu_memory: "20G"`)
+    # retries of a failed run (`retries: 3`): at most this many more runs, the first after
+    # `retry_backoff_s`, each next one after twice the wait before; an out-of-memory end only
+    # with `retry_oom`; a cancel, a time limit or a preemption never counts as a failure here
+    retries: int = 0
+    retry_backoff_s: int = 30
+    retry_oom: bool = False
     # --- state
     state: JobState = JobState.PENDING
     submitted_at: float = 0.0
@@ -727,6 +733,8 @@ class Job:
     reason: str = ""
     run_seconds: float = 0.0  # accumulated over earlier runs of a requeued job
     restarts: int = 0
+    held: bool = False  # a pending job kept out of scheduling until released (shown as HELD)
+    retried: int = 0  # runs started again after a failure (`retries`)
     expected_start: float | None = None
     position: int | None = None
     predicted_runtime_s: float | None = None
@@ -925,7 +933,7 @@ class Plan:
 SUBMIT_FIELDS = {
     "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
     "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
-    "mem", "cpus", "gpu_memory",
+    "mem", "cpus", "gpu_memory", "retries", "retry_backoff", "retry_oom", "hold",
 }
 
 #: Smallest and largest host memory limit a job may ask for, and the most CPUs.
@@ -1127,7 +1135,7 @@ def validate_submission(
     if group is not None and (not isinstance(group, str) or not re.fullmatch(r"[\w.-]{1,64}", group)):
         raise InvalidInput("group", f"expected a project name of letters, digits, '.', '_' or '-', got {group!r}")
 
-    for flag in ("preemptible", "requeue"):
+    for flag in ("preemptible", "requeue", "retry_oom", "hold"):
         if flag in body and not isinstance(body[flag], bool):
             raise InvalidInput(flag, f"expected true or false, got {body[flag]!r}")
 
@@ -1185,7 +1193,84 @@ def validate_submission(
         "cpus": parse_cpus(cpus) if cpus not in (None, "") else None,
         "share": share,
         "gpu_memory": gpu_memory,
+        **parse_retries(body),
+        "held": bool(body.get("hold", False)),
     }
+
+
+#: The most retries one job may ask for, and the longest first wait before one.
+MAX_RETRIES = 100
+MAX_RETRY_BACKOFF_S = 86400
+#: The state a pending job that is held shows everywhere (API, tables, panel): it is PENDING
+#: in the store and for the engine, with `held` set (`view_state`).
+HELD = "HELD"
+
+
+def view_state(job: Job) -> str:
+    """The state a person reads: HELD for a held pending job, else the job's state."""
+    return HELD if job.held and job.state is JobState.PENDING else job.state.value
+
+
+def retry_wait_s(job: Job) -> int:
+    """How long a failed run of `job` waits before its next try: `retry_backoff_s` before
+    the first retry, twice as long before each next one (capped at a day)."""
+    return int(min(MAX_RETRY_BACKOFF_S, job.retry_backoff_s * (2 ** min(job.retried, 20))))
+
+
+def parse_retries(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The retry fields of a submission: `retries` (a whole number 0-100), `retry_backoff` (a
+    duration, 30s when not given) and `retry_oom` (true/false)."""
+    retries = body.get("retries", 0)
+    if retries in (None, ""):
+        retries = 0
+    if isinstance(retries, str) and re.fullmatch(r"\s*[0-9]{1,3}\s*", retries):
+        retries = int(retries)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise InvalidInput("retries", f"expected a whole number of retries from 0 to {MAX_RETRIES}, "
+                                      f"got {_short(retries)}")
+    backoff = 30
+    if body.get("retry_backoff") not in (None, ""):
+        backoff = parse_duration(body["retry_backoff"], "retry_backoff")
+        if backoff > MAX_RETRY_BACKOFF_S:
+            raise InvalidInput("retry_backoff", f"at most {format_duration(MAX_RETRY_BACKOFF_S)}")
+    return {"retries": retries, "retry_backoff_s": backoff, "retry_oom": bool(body.get("retry_oom", False))}
+
+
+#: What `PATCH jobs/{id}` may change.
+UPDATE_FIELDS = ("time_limit", "priority", "name", "begin")
+
+
+def validate_update(body: Any, policy: Policy, now: float) -> dict[str, Any]:
+    """Check a job update (the JSON of `PATCH jobs/{id}`): any of `time_limit`, `priority`,
+    `name`, `begin` (null: now). Returns the Job fields to change; InvalidInput names a wrong
+    field. What depends on the job and its user (its state, the user's maximum, the priority
+    classes open to them) is checked by the engine."""
+    if not isinstance(body, Mapping):
+        raise InvalidInput("body", "expected a JSON object")
+    unknown = sorted(set(body) - set(UPDATE_FIELDS))
+    if unknown:
+        raise InvalidInput(str(unknown[0])[:60], f"cannot be changed; a job's {', '.join(UPDATE_FIELDS)} can")
+    if not body:
+        raise InvalidInput("body", f"nothing to change; give one of {', '.join(UPDATE_FIELDS)}")
+    out: dict[str, Any] = {}
+    if "time_limit" in body:
+        limit = parse_duration(body["time_limit"], "time_limit")
+        if policy.max_time_limit_s is not None and limit > policy.max_time_limit_s:
+            raise InvalidInput("time_limit", f"{format_duration(limit)} is over the maximum of "
+                                             f"{format_duration(policy.max_time_limit_s)}")
+        out["time_limit_s"] = limit
+    if "priority" in body:
+        out["priority"] = parse_priority(body["priority"])
+    if "name" in body:
+        name = body["name"] if body["name"] is not None else ""
+        if not isinstance(name, str) or len(name) > 200:
+            raise InvalidInput("name", "expected a string of at most 200 characters")
+        check_plain_text(name, "name")
+        out["name"] = name
+    if "begin" in body:
+        out["begin"] = None if body["begin"] in (None, "") else parse_begin(body["begin"], now, "begin",
+                                                                             policy.time_zone)
+    return out
 
 
 def parse_begin(value: Any, now: float, field_name: str = "begin", zone: str = "") -> float:

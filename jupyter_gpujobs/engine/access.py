@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..model import Job, JobState, public_reason
+from ..model import Job, JobState, public_reason, view_state
 from .errors import PermissionDenied
 from .runners.users import NotAUnixUser, in_group, run_as
 from .state import EngineState
@@ -108,7 +108,7 @@ class Access:
                 kind = "prediction" if predicted else "bound"
         ends_at, warn_at = s.limit_times(job) if job.state is JobState.RUNNING else (None, None)
         out = {
-            "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": job.state.value,
+            "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": view_state(job),
             "gpus": job.gpus, "gpu_type": job.gpu_type, "assigned_gpus": list(job.assigned_gpus),
             "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
             "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
@@ -121,6 +121,8 @@ class Access:
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
             "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
             "share": job.share, "gpu_memory": job.gpu_memory,
+            "held": job.held, "retries": job.retries, "retried": job.retried,
+            "retry_backoff_s": job.retry_backoff_s, "retry_oom": job.retry_oom,
         }
         return out
 
@@ -169,7 +171,7 @@ PUBLIC_FIELDS = frozenset({
     "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
     "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "expected_start_kind", "priority",
     "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
-    "ends_at", "warn_at", "share", "gpu_memory",
+    "ends_at", "warn_at", "share", "gpu_memory", "held",
 })
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..model import GPU, Job, Plan, Policy, Reservation
 from .access import Access
 from .admission import Admission
+from .changes import Changes
 from .claim import GPUClaim
 from .cycle import Cycle
 from .errors import Conflict, LogRemoved, NotFound, PermissionDenied, StoreUnavailable
@@ -160,6 +161,7 @@ class JobService:
         self.scheduling = Cycle(state, self.gpu_inventory, self.rules, self.admission, self.supervisors,
                                 self.kernels, self.job_events)
         self.files = JobFiles(state, self.access)
+        self.changes = Changes(state, self.access, self.job_events, self.rules, self.scheduling)
         self._tasks: list[asyncio.Task[Any]] = []
         (state.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         # jobs' logs are private, and no job may plant a file (a link) where the next log goes

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..model import GPU, Job, JobState
+from ..model import GPU, Job, JobState, format_duration, retry_wait_s
 from .access import Access
 from .errors import NotFound, PermissionDenied
 from .events import Events
@@ -174,9 +174,33 @@ class Supervisors:
             state = JobState.CANCELLED
         else:
             state = _OUTCOME_STATE.get(exit_.outcome, JobState.FAILED)
+            if state is JobState.FAILED and self._retry(job, exit_, fields, data):
+                return
         s.freed.set()  # (before the end is published: see Events.set_state)
         self.events.set_state(job_id, state, "runner", exit_.reason, data=data, ended_at=exit_.ended_at, **fields)
         s.ended_since_cycle = True
+
+    def _retry(self, job: Job, exit_: Exit, fields: dict[str, Any], data: dict[str, Any]) -> bool:
+        """A failed run of a job with retries left (`retries`; out of memory only with
+        `retry_oom`; never one it was asked to stop) goes back to the queue, to start again
+        after its backoff (`model.retry_wait_s`); the event says which run failed and when the
+        next one may start. False when it does not."""
+        s = self.state
+        if (job.retried >= job.retries or not exit_.started or job.id in s.cancel_requested
+                or exit_.outcome not in ("failed", "oom") or (exit_.outcome == "oom" and not job.retry_oom)):
+            return False
+        wait = retry_wait_s(job)
+        run, at = job.retried + 1, exit_.ended_at + wait
+        reason = (f"run {run} of {job.retries + 1} failed: {exit_.reason}; retry {run} of {job.retries} "
+                  f"after {format_duration(wait)}")
+        self.events.set_state(job.id, JobState.PENDING, "engine", reason,
+                              data={**data, "attempt": run, "retry": run, "retries": job.retries, "retry_at": at},
+                              started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
+                              retried=run, begin=at, released_at=exit_.ended_at, **fields)
+        s.handles.pop(job.id, None)
+        s.terminating.discard(job.id)
+        s.freed.set()
+        return True
 
     # ------------------------------------------------------------------ stopping
 

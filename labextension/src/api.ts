@@ -12,6 +12,7 @@ export const API_PATH = 'gpujobs/api';
 
 export type JobState =
   | 'PENDING'
+  | 'HELD'
   | 'RUNNING'
   | 'COMPLETED'
   | 'FAILED'
@@ -112,6 +113,11 @@ export interface IJob {
   /** A part of one GPU (0.5), or its memory in bytes: the job shares that GPU; null: whole GPUs. */
   share?: number | null;
   gpu_memory?: number | null;
+  /** A pending job kept from starting until released (its state is HELD). */
+  held?: boolean;
+  /** Retries of a failed run: how many it may have, and how many started. */
+  retries?: number;
+  retried?: number;
   assigned_gpus: number[];
   host: string | null;
   submitted_at: number;
@@ -349,6 +355,9 @@ export const api = {
     ),
   quota: () => requestAPI<IQuota>('quota'),
   cancel: (id: number) => requestAPI<IJob>(`jobs/${id}`, { method: 'DELETE' }),
+  /** Keep a pending job from starting (HELD) until released, and release it. */
+  hold: (id: number) => requestAPI<IJob>(`jobs/${id}/hold`, { method: 'POST' }),
+  release: (id: number) => requestAPI<IJob>(`jobs/${id}/release`, { method: 'POST' }),
   submit: (body: ISubmitNotebook) =>
     requestAPI<IJob>('jobs', { method: 'POST', body: JSON.stringify(body) }),
   log: (id: number, offset: number) =>

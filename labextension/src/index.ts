@@ -155,6 +155,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     const panel = new GPUJobsPanel(model, {
       cancel: job => void cancel(job),
+      hold: (job, hold) =>
+        void model.hold(job.id, hold).catch(error =>
+          showErrorMessage(`Cannot ${hold ? 'hold' : 'release'} job #${job.id}`, (error as Error).message)
+        ),
       openLog,
       openOutput,
       openDashboard,

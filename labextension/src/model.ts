@@ -87,6 +87,10 @@ export class GPUJobsModel {
     return this.myJobs.filter(j => j.state === 'PENDING').length;
   }
 
+  get heldCount(): number {
+    return this.myJobs.filter(j => j.state === 'HELD').length;
+  }
+
   set refreshSeconds(value: number) {
     this._refreshSeconds = Math.max(1, value || 5);
     this._schedulePoll();
@@ -136,6 +140,15 @@ export class GPUJobsModel {
       this.notifications = null; // an engine without notifications
     }
     this._changed.emit();
+  }
+
+  /** Hold a pending job (`hold`) or release a held one. */
+  async hold(id: number, hold: boolean): Promise<IJob> {
+    const job = await (hold ? api.hold(id) : api.release(id));
+    this._mergeJob(job, null);
+    this._changed.emit();
+    this.refreshSoon();
+    return job;
   }
 
   async cancel(id: number): Promise<IJob> {
@@ -363,7 +376,7 @@ export class GPUJobsModel {
   private _refreshAgain = false;
 }
 
-const ORDER: { [state: string]: number } = { RUNNING: 0, PENDING: 1 };
+const ORDER: { [state: string]: number } = { RUNNING: 0, PENDING: 1, HELD: 1 };
 
 /** Running first, then pending, then the finished ones, newest first within each. */
 export function sortJobs(jobs: IJob[]): IJob[] {

@@ -25,6 +25,8 @@ import { describeNotifications, editNotifications } from './notify';
 
 export interface IPanelActions {
   cancel(job: IJob): void;
+  /** Hold a pending job (`hold` true) or release a held one. */
+  hold(job: IJob, hold: boolean): void;
   openLog(job: IJob): void;
   openOutput(job: IJob): void;
   openDashboard(): void;
@@ -484,7 +486,7 @@ function JobRow(props: {
         {job.priority && job.priority !== 'normal' ? ` · ${job.priority}` : ''}
       </div>
       {job.state === 'RUNNING' && <Elapsed job={job} now={now} />}
-      {job.state === 'PENDING' && (
+      {(job.state === 'PENDING' || job.state === 'HELD') && (
         <div className="jp-GPUJobs-jobDetail">
           <span className="jp-GPUJobs-expected">
             {job.position ? `#${job.position} in queue · ` : ''}
@@ -506,7 +508,26 @@ function JobRow(props: {
           </span>
         </div>
       )}
+      {!!job.retries && (
+        <div className="jp-GPUJobs-jobDetail jp-GPUJobs-retries">
+          run {(job.retried || 0) + 1} of {job.retries + 1} (retries after a failure)
+        </div>
+      )}
       <div className="jp-GPUJobs-actions">
+        {(job.state === 'PENDING' || job.state === 'HELD') && (
+          <button
+            className="jp-GPUJobs-button"
+            data-action={job.state === 'HELD' ? 'release' : 'hold'}
+            title={
+              job.state === 'HELD'
+                ? `Release job ${job.id}: it may start again`
+                : `Hold job ${job.id}: it does not start until released`
+            }
+            onClick={() => actions.hold(job, job.state !== 'HELD')}
+          >
+            {job.state === 'HELD' ? 'Release' : 'Hold'}
+          </button>
+        )}
         {!final && (
           <button
             className="jp-GPUJobs-button jp-mod-warn"
@@ -517,7 +538,7 @@ function JobRow(props: {
             Cancel
           </button>
         )}
-        {job.kind !== 'kernel' && (job.state !== 'PENDING' || job.started_at) && (
+        {job.kind !== 'kernel' && ((job.state !== 'PENDING' && job.state !== 'HELD') || job.started_at) && (
           <button
             className="jp-GPUJobs-button"
             data-action="log"

@@ -21,7 +21,8 @@ export class GPUStatus extends ReactWidget {
           const m = this._model;
           const text = m.error && m.error.unreachable
             ? 'GPU: engine unreachable'
-            : `GPU: ${m.runningCount} running · ${m.pendingCount} queued`;
+            : `GPU: ${m.runningCount} running · ${m.pendingCount} queued` +
+              (m.heldCount ? ` · ${m.heldCount} held` : '');
           return (
             <span className="jp-GPUJobs-statusInner" onClick={this._open}>
               <gpuIcon.react tag="span" className="jp-GPUJobs-statusIcon" />

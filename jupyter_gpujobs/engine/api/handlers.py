@@ -318,6 +318,31 @@ class JobHandler(GPUJobsHandler):
         job = await self.service.cancel(self.job_id(job_id), self.owner)
         self.reply(self.service.view(job))
 
+    @web.authenticated
+    @authorized
+    async def patch(self, job_id: str) -> None:
+        """Change a job's time_limit, priority, name or begin (409 saying why when it cannot)."""
+        body = self.json_object("with the fields to change")
+        self.reply(self.service.view(self.service.update(self.job_id(job_id), self.owner, body)))
+
+
+class JobHoldHandler(GPUJobsHandler):
+    """`POST jobs/{id}/hold`: keep a pending job from starting (it shows as HELD)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str) -> None:
+        self.reply(self.service.view(self.service.hold(self.job_id(job_id), self.owner)))
+
+
+class JobReleaseHandler(GPUJobsHandler):
+    """`POST jobs/{id}/release`: let a held job start again."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str) -> None:
+        self.reply(self.service.view(self.service.release(self.job_id(job_id), self.owner)))
+
 
 class JobsCancelHandler(GPUJobsHandler):
     """`POST jobs/cancel` with one of `{"ids": [...]}`, `{"user": "bob"}`, `{"array": ID}` or
@@ -657,6 +682,8 @@ HANDLERS: list[tuple[str, type]] = [
     (rf"/{API}/jobs/cancel/?", JobsCancelHandler),
     (rf"/{API}/jobs/{JOB_ID}/end/?", JobEndHandler),
     (rf"/{API}/jobs/{JOB_ID}/adopt/?", JobAdoptHandler),
+    (rf"/{API}/jobs/{JOB_ID}/hold/?", JobHoldHandler),
+    (rf"/{API}/jobs/{JOB_ID}/release/?", JobReleaseHandler),
     (rf"/{API}/jobs/{JOB_ID}/?", JobHandler),
     (rf"/{API}/queue/?", QueueHandler),
     (rf"/{API}/quota/?", QuotaHandler),

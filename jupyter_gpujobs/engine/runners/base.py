@@ -113,6 +113,11 @@ class Runner(abc.ABC):
         runner cannot, or the run is not stopping for a preemption."""
         return False
 
+    def set_time_limit(self, job_id: int, handle: dict[str, Any], time_limit_s: int) -> bool:
+        """Change a running job's time limit (counted from its start), for `PATCH jobs/{id}`.
+        False when this runner cannot."""
+        return False
+
     @abc.abstractmethod
     def poll(self, handles: dict[int, dict[str, Any]]) -> list[Exit]:
         """The runs among `handles` (job id -> handle) that have ended."""

@@ -399,6 +399,13 @@ class LocalRunner(Runner):
         write_json_atomic(control, {**asked, "withdrawn": True, "withdrawn_at": time.time()})
         return True
 
+    def set_time_limit(self, job_id: int, handle: dict[str, Any], time_limit_s: int) -> bool:
+        job_dir = handle.get("job_dir")
+        if not job_dir or not os.path.isdir(job_dir) or os.path.exists(os.path.join(job_dir, "result.json")):
+            return False
+        write_json_atomic(os.path.join(job_dir, "limit.json"), {"time_limit_s": int(time_limit_s)})
+        return True
+
     # ------------------------------------------------------------------ watch
 
     def poll(self, handles: dict[int, dict[str, Any]]) -> list[Exit]:

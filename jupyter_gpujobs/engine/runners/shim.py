@@ -521,6 +521,7 @@ class Shim:
         self.control_path = os.path.join(job_dir, "control.json")
         self.result_path = os.path.join(job_dir, "result.json")
         self.state_path = os.path.join(job_dir, "state.json")
+        self.limit_path = os.path.join(job_dir, "limit.json")  # a time limit changed while it runs
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -531,6 +532,13 @@ class Shim:
         self.known: dict[int, float] = {}  # descendants seen: pid -> create time (no subreaper)
         self.cg: dict[str, str] = {}  # the run's cgroups (cgroups.py), empty without
         self.output: OutputPipe | None = None  # where a capped run's output goes
+
+    def time_limit(self, limit: float) -> float:
+        """The run's time limit now: the spec's, or the one the runner wrote to `limit.json`
+        since (`LocalRunner.set_time_limit`: `PATCH jobs/{id}` with a time_limit)."""
+        changed = read_json(self.limit_path) if os.path.exists(self.limit_path) else None
+        value = (changed or {}).get("time_limit_s")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else limit
 
     # ------------------------------------------------------------------ signals
 
@@ -827,7 +835,10 @@ class Shim:
                         if control.get("grace_s") is not None:
                             grace = float(control["grace_s"])
                     elif deadline is not None and now >= deadline:
-                        stop = ("timeout", f"time limit of {_format_duration(float(limit))} reached")
+                        limit = self.time_limit(limit)  # (a limit extended since: limit.json)
+                        deadline = started_mono + float(limit)
+                        if now >= deadline:
+                            stop = ("timeout", f"time limit of {_format_duration(float(limit))} reached")
                     if stop is not None:
                         self.signal_tree(signal.SIGTERM)
                         kill_at = now + grace

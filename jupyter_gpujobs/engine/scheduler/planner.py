@@ -101,6 +101,7 @@ def schedule(now: float, pending: Sequence[Job] | Mapping[int, Job], running: Se
 
 _id = attrgetter("id")
 _depends = attrgetter("depends")
+_held = attrgetter("held")
 
 
 class _Active:
@@ -247,8 +248,15 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
                 waiting_dep[j.id] = int(what)  # type: ignore[arg-type]
         if cancelled:
             self._cancel_dependents(with_deps, cancelled, waiting_dep)
-            queue = [j for j in pending if j.id not in cancelled]
-            by_id = {i: j for i, j in by_id.items() if i not in cancelled}
+        held = list(compress(pending, map(_held, pending)))  # held jobs are not eligible
+        for j in held:
+            plan.reasons[j.id] = "held: it starts only once released (jupyter gpujobs release)"
+            if self.estimate:
+                self.expected[j.id] = None
+        if cancelled or held:
+            out = cancelled | {j.id for j in held}
+            queue = [j for j in pending if j.id not in out]
+            by_id = {i: j for i, j in by_id.items() if i not in out}
         arranged = self.order.arrange(queue, by_id) if self.order is not None else None
         if arranged is None:  # no kept order, or one that cannot place a new user's job
             arranged = QueueOrder.compute(now, queue, policy, usage, self.cluster.largest_host).arrange(queue, by_id)
@@ -358,7 +366,10 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
         and it gets no expected start)."""
         cl = self.cluster
         if not cl.pool_host:
-            self.plan.reasons[j.id] = "no GPUs on this server"
+            draining = [g for g in self.gpus if g.draining]  # (the others are unhealthy)
+            self.plan.reasons[j.id] = ("no GPUs on this server" if not self.gpus else
+                                       f"every GPU here is draining or unhealthy ({len(draining)} of {len(self.gpus)} "
+                                       "draining): it starts once an admin undrains one")
         else:
             view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
             if view.pids:

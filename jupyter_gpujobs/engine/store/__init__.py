@@ -184,6 +184,11 @@ def _to_job(row: JobRow) -> Job:
         reason=row.reason or "",
         run_seconds=row.run_seconds or 0.0,
         restarts=row.restarts or 0,
+        retries=row.retries or 0,
+        retry_backoff_s=row.retry_backoff_s if row.retry_backoff_s is not None else 30,
+        retry_oom=bool(row.retry_oom),
+        held=bool(row.held),
+        retried=row.retried or 0,
     )
 
 
@@ -192,7 +197,7 @@ _ROW_FIELDS = {
     "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
     "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "state", "submitted_at", "started_at", "ended_at",
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
-    "runner_handle", "log_path",
+    "runner_handle", "log_path", "retries", "retry_backoff_s", "retry_oom", "held", "retried",
 }
 
 
@@ -393,6 +398,7 @@ class Store:
         "command": [], "depends": [], "env": {}, "payload": {}, "assigned_gpus": [], "runner_handle": {},
         "reason": "", "run_seconds": 0.0, "restarts": 0, "borrowed": False, "preemptible": False,
         "requeue": True, "offpeak": False, "name": "", "kind": "script", "gpus": 1, "priority": "normal",
+        "requeues": 0, "retries": 0, "retry_backoff_s": 30, "retry_oom": False, "held": False, "retried": 0,
     }
 
     _JOB_COLUMNS = [c.name for c in JobRow.__table__.columns if c.name != "id"]

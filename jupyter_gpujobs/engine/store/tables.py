@@ -49,6 +49,16 @@ class JobRow(Base):
     cpus: Mapped[float | None] = mapped_column(Float, nullable=True)
     share: Mapped[float | None] = mapped_column(Float, nullable=True)  # revision 0005
     gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # revision 0010: a signal before the end ("USR1@300"), requeue at a time limit (`Job.max_requeues`)
+    warn_signal: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    max_requeues: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # revision 0009: retries of failed runs, and the hold (`Job.retries`, `Job.held`)
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    retry_backoff_s: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
+    retry_oom: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    retried: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     state: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
     submitted_at: Mapped[float] = mapped_column(Float)
