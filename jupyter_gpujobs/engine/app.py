@@ -170,11 +170,15 @@ def open_store(url: str, log: logging.Logger) -> Store:
     return store
 
 
+#: what the engine makes in its state dir, besides the database's files
+ENGINE_ENTRIES = ("logs", "run", "mps")
+
+
 def private_state_dir(data_dir: Path) -> list[str]:
     """Make the engine's state dir (database, logs, run directories) and what the engine keeps
-    directly in it private to the engine's user: the dir 0700, its files 0600. Made so when
-    new; an existing one with group or other bits is repaired. Returns what was repaired
-    ("path (was 0755)"), for the log."""
+    directly in it (`ENGINE_ENTRIES`, nothing else someone put there) private to the engine's
+    user: folders 0700, files 0600. Made so when new; an existing one with group or other bits
+    is repaired. Returns what was repaired ("path (was 0755)"), for the log."""
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     repaired = []
     st = data_dir.stat()
@@ -188,7 +192,8 @@ def private_state_dir(data_dir: Path) -> list[str]:
             except OSError:
                 continue
             mode = stat.S_IMODE(est.st_mode)
-            if est.st_uid != os.geteuid() or not mode & 0o077:
+            mine = entry.name in ENGINE_ENTRIES or entry.name.startswith("gpujobs.sqlite")
+            if not mine or est.st_uid != os.geteuid() or not mode & 0o077:
                 continue
             if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode):
                 private = 0o700 if stat.S_ISDIR(est.st_mode) else 0o600
