@@ -8,6 +8,7 @@ bound the request, call the JobService, and turn its errors into JSON 4xx answer
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import logging
 import math
@@ -434,7 +435,7 @@ class QueueHandler(GPUJobsHandler):
         user = self.text_arg("user")
         service = self.service
         state = service.queue_state()
-        cache: dict[tuple[Any, ...], tuple[float, tuple[Any, ...], bytes]] = self.settings.setdefault(
+        cache: dict[tuple[Any, ...], tuple[float, tuple[Any, ...], bytes, str]] = self.settings.setdefault(
             "gpujobs_queue_pages", {})
         viewer = self.owner
         # a page shows others' jobs as queue views when data is private: one page per viewer then
@@ -450,9 +451,14 @@ class QueueHandler(GPUJobsHandler):
                                "next": nxt}, allow_nan=False).encode()
             if len(cache) > 256:
                 cache.clear()
-            hit = cache[key] = (now, state, body)
+            # its ETag with it: hashing a 100 KiB page for every poll cost as much as serving it
+            hit = cache[key] = (now, state, body, f'"{hashlib.sha1(body).hexdigest()}"')
+        self._etag = hit[3]
         self.set_header("Content-Type", "application/json")
         self.finish(hit[2])
+
+    def compute_etag(self) -> str | None:
+        return getattr(self, "_etag", None) or super().compute_etag()
 
 
 class WhoAmIHandler(GPUJobsHandler):
@@ -645,18 +651,37 @@ class EventsHandler(AuthorizedWebSocket):
         self._gpus_timer.start()
         self._send_gpus()
 
+    #: The GPUs' message is made at most this often for all the websockets together.
+    GPUS_EVERY_S = 1.0
+
     def _send(self, message: dict[str, Any]) -> None:
         if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
             return
-        if message.get("type") == "job":
-            message = self.service.job_message_for(message, self._viewer)
         try:
-            self.write_message(json.dumps(message))
+            self.write_message(self._text(message))
         except websocket.WebSocketClosedError:
             self.on_close()
 
+    def _text(self, message: dict[str, Any]) -> str:
+        """The JSON of a broadcast message as this viewer may see it. A message goes to every
+        websocket in turn: it is encoded once for all those who see it whole, and once for
+        those who see its job's queue view only, not once per websocket."""
+        last: list[Any] = self.settings.setdefault("gpujobs_ws_last", [None, {}])
+        if last[0] is not message:
+            last[0], last[1] = message, {}
+        shown = self.service.job_message_for(message, self._viewer) if message.get("type") == "job" else message
+        whole = shown is message
+        text = last[1].get(whole)
+        if text is None:
+            text = last[1][whole] = json.dumps(shown)
+        return text
+
     def _send_gpus(self) -> None:
-        self._send({"type": "gpus", "gpus": self.service.gpu_views()})
+        cached: list[Any] = self.settings.setdefault("gpujobs_ws_gpus", [-float("inf"), None])
+        now = time.monotonic()
+        if now - cached[0] >= self.GPUS_EVERY_S:
+            cached[0], cached[1] = now, {"type": "gpus", "gpus": self.service.gpu_views()}
+        self._send(cached[1])
 
     def on_message(self, message: str | bytes) -> None:
         pass
