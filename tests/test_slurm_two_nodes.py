@@ -1,0 +1,96 @@
+"""A real Slurm test cluster of two nodes on one host (issue 30, multi-node jobs): two slurmd
+(`-N n1`, `-N n2`), each with its own port, spool, pid and log file (`%n`), and 2 fake GPUs
+each. Measured here: Debian's Slurm build runs several slurmd on one host, and a job asking
+for `-N 2 --gres=gpu:1` gets both nodes, one GPU on each, with its own CUDA_VISIBLE_DEVICES
+on each (the ground the engine's `nodes` per job stands on).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from servers import free_port
+from slurm_cluster import SlurmCluster, slurm_installed
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not slurm_installed(), reason="Slurm and munge are not installed "
+                                 "(scripts/install-slurm.sh)")]
+
+NODES = ("n1", "n2")
+
+
+class TwoNodeCluster(SlurmCluster):
+    """SlurmCluster with nodes n1 and n2 on loopback, each its own slurmd."""
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        r = self.root
+        conf = self.conf.read_text()
+        node_line = next(line for line in conf.splitlines() if line.startswith("NodeName=localhost"))
+        nodes = "\n".join(node_line.replace("NodeName=localhost", f"NodeName={n} NodeHostname=localhost")
+                          + f" Port={free_port()}" for n in NODES)
+        conf = (conf.replace(node_line, nodes).replace("Nodes=localhost", "Nodes=" + ",".join(NODES))
+                .replace(f"SlurmdPidFile={r / 'slurmd.pid'}", f"SlurmdPidFile={r}/slurmd-%n.pid")
+                .replace(f"SlurmdSpoolDir={r / 'spool'}", f"SlurmdSpoolDir={r}/spool-%n")
+                .replace(f"SlurmdLogFile={r / 'log' / 'slurmd.log'}", f"SlurmdLogFile={r}/log/slurmd-%n.log"))
+        self.conf.write_text(conf)
+        for n in NODES:
+            (r / f"spool-{n}").mkdir(exist_ok=True)
+        gres = (r / "gres.conf").read_text()
+        (r / "gres.conf").write_text("".join(gres.replace("NodeName=localhost", f"NodeName={n}") for n in NODES))
+
+    def start(self, timeout: float = 30.0) -> TwoNodeCluster:
+        self._write_config()
+        env = {**os.environ, **self.env()}
+        log = self.root / "log"
+        self._spawn(["munged", "-F", "--force", f"--socket={self.munge_socket}",
+                     f"--key-file={self.root / 'munge' / 'munge.key'}", f"--pid-file={self.root / 'munged.pid'}",
+                     f"--log-file={log / 'munged.log'}", f"--seed-file={self.root / 'munge' / 'seed'}"], env)
+        self._wait(lambda: self.munge_socket.exists(), timeout, "munged")
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], env)
+        for n in NODES:
+            self._spawn(["slurmd", "-D", "-N", n, "-f", str(self.conf)], env)
+        self._wait(self._both_idle, timeout, "both slurmd (nodes idle)")
+        return self
+
+    def _both_idle(self) -> bool:
+        if not self._node_idle():
+            return False
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
+                           env={**os.environ, **self.env()})
+        return {line.split()[0] for line in r.stdout.splitlines() if "idle" in line} == set(NODES)  # (per partition)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[TwoNodeCluster]:
+    c = TwoNodeCluster(tmp_path / "slurm", gpus=2).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_two_node_job_gets_both_nodes_and_a_gpu_on_each(cluster: TwoNodeCluster, tmp_path: Path) -> None:
+    env = {**os.environ, **cluster.env()}
+    out = tmp_path / "out.txt"
+    script = 'srun sh -c \'echo "$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\''
+    r = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gres=gpu:1", "-o", str(out), "--wrap", script],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while True:
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env).stdout
+        if "JobState=COMPLETED" in show or time.monotonic() > deadline:
+            break
+        assert "JobState=FAILED" not in show, show + cluster.logs()[-2000:]
+        time.sleep(0.2)
+    assert "JobState=COMPLETED" in show, show
+    assert "NodeList=n[1-2]" in show and "NumNodes=2" in show, show
+    lines = sorted(out.read_text().split("\n"))
+    assert [line for line in lines if line] == ["n1 gpus=0", "n2 gpus=0"], out.read_text()
