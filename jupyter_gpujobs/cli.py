@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for a CPU job), or a "
                         "share of one GPU, e.g. 0.25 (a quarter of its memory and time, beside other shares)")
         sp.add_argument("--gpu-mem", dest="gpu_memory", help="GPU memory on one shared GPU, e.g. 20G")
+        sp.add_argument("-N", "--nodes", type=int, help="nodes of a multi-node job (Slurm runner only), "
+                        "with --gpus GPUs on each")
         sp.add_argument("--type", dest="gpu_type", help="GPU model, e.g. A100")
         sp.add_argument("-t", "--time", dest="time_limit", help="time limit, e.g. 30m, 2h, 1d (default: server's)")
         sp.add_argument("--priority", default=None, help="low, normal, high or urgent")
@@ -182,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
         sp.add_argument("--mem", help="host memory limit, e.g. 32G (the job is stopped past it)")
         sp.add_argument("--cpus", help="CPU limit in cores, e.g. 8 or 0.5")
+        sp.add_argument("--signal", help="a signal before the end, e.g. USR1@5m (B:USR1@5m: to the first process "
+                        "only); also sent at once when preempted (docs/long-jobs.md)")
+        sp.add_argument("--requeue", action="store_true", help="back to the queue at the time limit or when the run "
+                        "is lost, with its checkpoint folder (up to the server's max_requeues times)")
+        sp.add_argument("--max-requeues", dest="max_requeues", type=int, help="requeue at most this many times "
+                        "(implies --requeue)")
         sp.add_argument("--retries", type=int, help="retry a failed run this many times (not a cancel, a time "
                         "limit or out of memory)")
         sp.add_argument("--retry-backoff", dest="retry_backoff", help="wait before the first retry (default 30s; "
@@ -316,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     ki.add_argument("--priority", default="normal")
     ki.add_argument("--idle-timeout", help="shut the kernel down after this long idle, e.g. 30m")
     ki.add_argument("--max-wait", help="give up starting after waiting this long in the queue")
+    ki.add_argument("--signal", help="a signal to each kernel before its time limit, e.g. USR1@5m (the kernel "
+                    "must handle it: jupyter_gpujobs.checkpoint.on_signal)")
     ki.add_argument("--kernel", default="python3", help="kernelspec to wrap (default python3)")
     where = ki.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user")
@@ -403,7 +413,7 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
                              f"got {args.gpus!r}") from None
     body: dict[str, Any] = {"gpus": gpus}
     for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus", "gpu_memory",
-                "retries", "retry_backoff"):
+                "nodes", "signal", "max_requeues", "retries", "retry_backoff"):
         if getattr(args, key, None) is not None:
             body[key] = getattr(args, key)
     if args.preemptible:
@@ -411,6 +421,8 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ("retry_oom", "hold"):
         if getattr(args, flag, False):
             body[flag] = True
+    if args.requeue:
+        body["requeue"] = True
     deps = [f"after:{i}" for i in args.after] + [f"afterok:{i}" for i in args.afterok]
     if deps:
         body["depends"] = deps
@@ -454,6 +466,8 @@ def run(argv: Sequence[str]) -> int:
         if args.array:
             body["array"] = args.array
         if args.no_requeue:
+            if args.requeue or args.max_requeues:
+                raise UsageError("submit: --no-requeue cannot go with --requeue or --max-requeues")
             body["requeue"] = False
         job = _client(args).submit(**body)
         if job.get("array_tasks") and not args.json:
@@ -507,6 +521,9 @@ def run(argv: Sequence[str]) -> int:
                 return 0
             if job.get("command"):
                 print("command: " + safe_text(shlex.join(job["command"])))
+            if job.get("warn_signal") or job.get("max_requeues") is not None:
+                print(safe_text(f"signal before the end: {job.get('warn_signal') or 'none'}; requeued at its time "
+                                f"limit: {job.get('requeues', 0)} of at most {job.get('max_requeues') or 0} time(s)"))
             if job.get("retries"):
                 print(f"retries: {job.get('retried', 0)} of {job['retries']} used (the first after "
                       f"{format_duration(job.get('retry_backoff_s'))}, each next one twice as long)")

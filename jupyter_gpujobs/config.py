@@ -271,6 +271,14 @@ class GPUJobs(Configurable):
                        help="Time between SIGTERM and SIGKILL when a job is stopped at its limit or cancelled.")
     preempt_grace = Union([Integer(), Unicode()], default_value="30s", config=True,
                           help="Time a preempted job gets between SIGTERM and SIGKILL (GPUJOBS_PREEMPT_GRACE).")
+    preempt_grace_max = Union([Integer(), Unicode()], default_value="10m", config=True,
+                              help="The longest a preempted job's grace gets when its signal before the end "
+                                   "(--signal USR1@5m) asks for more than preempt_grace: the asked time plus "
+                                   "kill_grace, at most this; a job asking for more is told in its events.")
+    max_requeues = Integer(3, config=True,
+                           help="How many times a job submitted with --requeue goes back to the queue at its "
+                                "time limit or when its run is lost (a job may ask for another count with "
+                                "max_requeues). Preempted jobs are requeued without a count.")
     preempt_min_runtime = Union([Integer(), Unicode()], default_value="1m", config=True,
                                 help="How long a job runs (each time it starts) before it may be preempted; "
                                      "0: at once. Keeps a requeued job from being preempted again and again.")
@@ -519,7 +527,7 @@ class GPUJobs(Configurable):
             raise TraitError(f"c.GPUJobs.fake_gpus: {err.message}") from None
         return proposal["value"]
 
-    @validate("default_time_limit", "max_time_limit", "kill_grace", "preempt_grace", "time_limit_warning",
+    @validate("default_time_limit", "max_time_limit", "kill_grace", "preempt_grace", "preempt_grace_max", "time_limit_warning",
               "fairshare_half_life", "sample_retention", "sample_retention_minutes", "sample_retention_hours",
               "idle_hog_after", "share_grace")
     def _check_duration(self, proposal: Any) -> Any:
@@ -715,6 +723,9 @@ class GPUJobs(Configurable):
             user_max_array_tasks=self.user_max_array_tasks,
             preemption=self.preemption,
             preempt_grace_s=self.seconds("preempt_grace"),
+            preempt_grace_max_s=self.seconds("preempt_grace_max"),
+            kill_grace_s=self.seconds("kill_grace"),
+            max_requeues=max(0, self.max_requeues),
             preempt_min_runtime_s=retention_seconds(self.preempt_min_runtime, "c.GPUJobs.preempt_min_runtime"),
             offpeak_windows=tuple(parse_offpeak(w) for w in self.offpeak_windows),
             time_zone=self.time_zone or server_time_zone(),

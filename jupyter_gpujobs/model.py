@@ -714,6 +714,12 @@ class Job:
     # part of one GPU (`gpus: 0.25`): 0 < share < 1 of the card's memory and time; None for whole GPUs
     share: float | None = None
     gpu_memory: int | None = None  # bytes of one card's memory asked for (`gpu_memory: "20G"`)
+    # nodes of a multi-node job (issue 30; the Slurm runner only): `gpus` GPUs on each
+    nodes: int = 1
+    # a signal before the end (`signal: "USR1@5m"`), normalised as WarnSignal.text(): "B:USR1@300"
+    warn_signal: str | None = None
+    # requeued at a time limit or a lost run up to this many times (None: only when preempted)
+    max_requeues: int | None = None
     # retries of a failed run (`retries: 3`): at most this many more runs, the first after
     # `retry_backoff_s`, each next one after twice the wait before; an out-of-memory end only
     # with `retry_oom`; a cancel, a time limit or a preemption never counts as a failure here
@@ -733,6 +739,7 @@ class Job:
     reason: str = ""
     run_seconds: float = 0.0  # accumulated over earlier runs of a requeued job
     restarts: int = 0
+    requeues: int = 0  # times requeued at a time limit or a lost run (max_requeues bounds them)
     held: bool = False  # a pending job kept out of scheduling until released (shown as HELD)
     retried: int = 0  # runs started again after a failure (`retries`)
     expected_start: float | None = None
@@ -799,6 +806,12 @@ class Policy:
     # preemption
     preemption: bool = True
     preempt_grace_s: int = 30
+    # the most a job's signal before the end (`signal: "USR1@5m"`) may stretch a preemption's
+    # grace to (its signal time plus the kill grace); a job asking for more gets this, and is told
+    preempt_grace_max_s: int = 600
+    kill_grace_s: int = 10
+    # how many times a job with `requeue: true` goes back to the queue at a time limit or a lost run
+    max_requeues: int = 3
     # a running job is no victim before it ran this long (each run: a requeued job starts anew),
     # so a job is never preempted again straight after it (re)started
     preempt_min_runtime_s: int = 60
@@ -933,7 +946,7 @@ class Plan:
 SUBMIT_FIELDS = {
     "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
     "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
-    "mem", "cpus", "gpu_memory", "retries", "retry_backoff", "retry_oom", "hold",
+    "mem", "cpus", "gpu_memory", "nodes", "signal", "max_requeues", "retries", "retry_backoff", "retry_oom", "hold",
 }
 
 #: Smallest and largest host memory limit a job may ask for, and the most CPUs.
@@ -1082,6 +1095,9 @@ def validate_submission(
         raise InvalidInput("command", "a script job needs a command, e.g. \"python train.py\"")
 
     n_gpus, share = parse_gpus(body.get("gpus", 1))
+    nodes = parse_nodes(body.get("nodes", 1))
+    if nodes > 1 and share is not None:
+        raise InvalidInput("nodes", "a share of one GPU runs on one node; ask for whole GPUs per node")
     gpu_memory = None
     if body.get("gpu_memory") not in (None, ""):
         gpu_memory = parse_gpu_memory(body["gpu_memory"])
@@ -1166,6 +1182,11 @@ def validate_submission(
     if not isinstance(payload, Mapping):
         raise InvalidInput("payload", "expected an object")
 
+    warn_signal = None
+    if body.get("signal") not in (None, ""):
+        warn_signal = parse_warn_signal(body["signal"], time_limit).text()
+    max_requeues = parse_requeue(body, policy)
+
     array, array_limit = parse_array(body.get("array"))
     mem = body.get("mem")
     cpus = body.get("cpus")
@@ -1193,9 +1214,26 @@ def validate_submission(
         "cpus": parse_cpus(cpus) if cpus not in (None, "") else None,
         "share": share,
         "gpu_memory": gpu_memory,
+        "nodes": nodes,
+        "warn_signal": warn_signal,
+        "max_requeues": max_requeues,
         **parse_retries(body),
         "held": bool(body.get("hold", False)),
     }
+
+
+#: The most nodes one multi-node job may ask for.
+MAX_NODES = 1024
+
+
+def parse_nodes(value: Any) -> int:
+    """The nodes of a job (`nodes: 2`, the CLI's `-N 2`): a whole number from 1 to MAX_NODES."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise InvalidInput("nodes", f"expected a whole number of nodes such as 2, got {_short(value)}")
+    n = int(str(value).strip())
+    if not 1 <= n <= MAX_NODES:
+        raise InvalidInput("nodes", f"must be between 1 and {MAX_NODES}, got {n}")
+    return n
 
 
 #: The most retries one job may ask for, and the longest first wait before one.
@@ -1271,6 +1309,91 @@ def validate_update(body: Any, policy: Policy, now: float) -> dict[str, Any]:
         out["begin"] = None if body["begin"] in (None, "") else parse_begin(body["begin"], now, "begin",
                                                                              policy.time_zone)
     return out
+
+
+#: Signals a job may ask for before its end; never KILL or STOP, which no program can catch.
+WARN_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT", "WINCH", "XCPU", "PWR")
+#: Slurm's default time before the end when `--signal USR1` gives none.
+DEFAULT_SIGNAL_BEFORE_S = 60
+#: The most a job may ask for itself (`max_requeues`).
+MAX_REQUEUES = 1000
+
+
+@dataclass(frozen=True)
+class WarnSignal:
+    """A signal sent `before_s` seconds before a job's time limit, and at once when it is
+    preempted (before its grace ends): to the whole job, or only to its first process when
+    `first_only` (Slurm's `B:`)."""
+
+    name: str  # "USR1" (no SIG prefix)
+    before_s: int
+    first_only: bool = False
+
+    def text(self) -> str:
+        """How it is stored and shown: "USR1@300", "B:USR1@300" (Slurm's --signal form)."""
+        return f"{'B:' if self.first_only else ''}{self.name}@{self.before_s}"
+
+    def describe(self) -> str:
+        """For people: "SIGUSR1 5m before the end (its first process only)"."""
+        return (f"SIG{self.name} {format_duration(self.before_s)} before the end"
+                + (" (its first process only)" if self.first_only else ""))
+
+
+def parse_warn_signal(value: Any, time_limit_s: int | None = None, field_name: str = "signal") -> WarnSignal:
+    """A signal before the end from "USR1@5m", "SIGUSR2@300", "B:USR1@90s" or "USR1" (60 s
+    before). Raises InvalidInput naming `field_name` for an unknown signal, a bad time, or a
+    time not shorter than the job's `time_limit_s`."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field_name, f"expected a signal and a time before the end such as USR1@5m, got "
+                                       f"{_short(value)}")
+    text = value.strip()
+    first_only = False
+    if text[:2].upper() == "B:":
+        first_only, text = True, text[2:]
+    name, at, when = text.partition("@")
+    name = name.strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name not in WARN_SIGNALS:
+        raise InvalidInput(field_name, f"unknown signal {_short(name)} in {_short(value)}; choose one of "
+                                       f"{', '.join(WARN_SIGNALS)} (e.g. USR1@5m)")
+    before = parse_duration(when, field_name) if at else DEFAULT_SIGNAL_BEFORE_S
+    if time_limit_s is not None and before >= time_limit_s:
+        raise InvalidInput(field_name, f"asks for SIG{name} {format_duration(before)} before the end, but the time "
+                                       f"limit is {format_duration(time_limit_s)}: ask for less than the limit")
+    return WarnSignal(name, before, first_only)
+
+
+def preempt_grace(job: Job, policy: Policy) -> tuple[int, str]:
+    """The grace a preempted `job` gets (seconds) and, when its signal before the end asks for
+    more than the policy allows, why it gets less ("" otherwise). A job with a signal gets it
+    at once and its SIGTERM when the asked time has passed: a grace of at least that plus the
+    kill grace, up to the policy's preempt_grace_max_s."""
+    if not job.warn_signal:
+        return policy.preempt_grace_s, ""
+    asked = parse_warn_signal(job.warn_signal).before_s + policy.kill_grace_s
+    most = max(policy.preempt_grace_s, policy.preempt_grace_max_s)
+    if asked <= most:
+        return max(policy.preempt_grace_s, asked), ""
+    return most, (f"its signal asks for {format_duration(asked - policy.kill_grace_s)} before the end, more than "
+                  f"a preemption gives (c.GPUJobs.preempt_grace_max is {format_duration(most)}): it gets "
+                  f"SIGTERM {format_duration(most - policy.kill_grace_s)} after its signal")
+
+
+def parse_requeue(body: Mapping[str, Any], policy: Policy) -> int | None:
+    """How many times a job goes back to the queue at a time limit or a lost run: None unless
+    it asks (`requeue: true`, or `max_requeues: N`); the policy's max_requeues by default.
+    (`requeue` alone also says whether a preempted job is requeued, as before: true unless false.)"""
+    asked = body.get("max_requeues")
+    if asked in (None, ""):
+        return policy.max_requeues if body.get("requeue") is True else None
+    if isinstance(asked, bool) or not isinstance(asked, (int, str)) or not str(asked).strip().isdigit():
+        raise InvalidInput("max_requeues", f"expected a whole number of requeues such as 3, got {_short(asked)}")
+    count = int(str(asked).strip())
+    if count > MAX_REQUEUES:
+        raise InvalidInput("max_requeues", f"{count} is more than the {MAX_REQUEUES} allowed")
+    if body.get("requeue") is False and count:
+        raise InvalidInput("max_requeues", "goes with requeue: true, not requeue: false")
+    return count
 
 
 def parse_begin(value: Any, now: float, field_name: str = "begin", zone: str = "") -> float:

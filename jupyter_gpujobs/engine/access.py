@@ -121,6 +121,9 @@ class Access:
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
             "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
             "share": job.share, "gpu_memory": job.gpu_memory,
+            # the signal asked for before the end (submitted as `signal`; "signal" is how a run ended)
+            "warn_signal": job.warn_signal, "requeue": job.requeue, "max_requeues": job.max_requeues,
+            "requeues": job.requeues,
             "held": job.held, "retries": job.retries, "retried": job.retried,
             "retry_backoff_s": job.retry_backoff_s, "retry_oom": job.retry_oom,
         }

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration
+from ..model import GPU, Claim, Job, JobState, Plan, Reasons, format_duration, preempt_grace
 from .admission import Admission
 from .events import Events
 from .inventory import Inventory
@@ -167,12 +167,16 @@ class Cycle:
             victim = s.running.get(p.job_id)
             if victim is None:  # no longer running
                 continue
+            grace, short = preempt_grace(victim, s.policy)  # at least its signal's time, where the policy allows
             victims, until, _ = self.claims.get(p.by_job_id, (set(), 0.0, False))
-            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + s.policy.preempt_grace_s), False)
+            self.claims[p.by_job_id] = ({*victims, victim.id}, max(until, now + grace), False)
             if victim.kind in EXTERNAL_KINDS:
                 self.kernels.end_external(victim, JobState.CANCELLED, "scheduler", p.reason)
             else:
-                self.supervisors.terminate(victim, p.reason, "preempted", s.policy.preempt_grace_s)
+                if short and victim.id not in s.terminating:
+                    s.store.add_event(victim.id, "WARNING", "scheduler", f"preempted with a shorter grace: {short}",
+                                      now, data={"grace_s": grace})
+                self.supervisors.terminate(victim, p.reason, "preempted", grace)
         if orphans:  # victims that no preemptor needs any more (chosen again, they keep stopping)
             self._withdraw(orphans, {p.job_id for p in plan.preemptions})
         by_host = {(g.host, g.index): g for g in gpus}

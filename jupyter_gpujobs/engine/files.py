@@ -4,7 +4,7 @@ Owns `read_log` (to a viewer who may see it; `LogRemoved` once the retention too
 retention loop (`c.GPUJobs.job_retention`): every `cleanup_interval` the run directories and
 logs of jobs ended longer ago are removed, off the event loop (`retention.py` does the file
 system work). It may call the store (read only), `access.Access` (who may read a log) and
-`retention`; it reads the active jobs and supervisor handles in `state.EngineState`.
+`retention` (and `checkpoints`, for the jobs' checkpoint folders); it reads the active jobs and supervisor handles in `state.EngineState`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from ..model import Job, format_bytes, format_duration
 from .access import Access
+from .checkpoints import remove_checkpoints
 from .errors import LogRemoved
 from .state import EngineState
 
@@ -103,6 +104,8 @@ class JobFiles:
         if not expired:
             return retention.Removed()
         removed = await asyncio.to_thread(retention.remove, expired, run_root, logs_root)
+        if removed.jobs:  # their checkpoint folders too, as their users (checkpoints.py)
+            await remove_checkpoints(s, self.access, removed.jobs)
         if removed.jobs:
             log.info("gpujobs: removed the files of %d job(s) ended more than %s ago "
                      "(c.GPUJobs.job_retention): %d run dir(s), %d log(s), %s freed",

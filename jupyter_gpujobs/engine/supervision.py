@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..model import GPU, Job, JobState, format_duration, retry_wait_s
+from ..checkpoint import checkpoint_dir
+from ..model import GPU, Job, JobState, format_duration, preempt_grace, retry_wait_s
 from .access import Access
 from .errors import NotFound, PermissionDenied
 from .events import Events
@@ -162,6 +163,8 @@ class Supervisors:
             self.events.set_state(job_id, JobState.CANCELLED, "runner", cancelled, data=data,
                                   ended_at=exit_.ended_at, **fields)
             return
+        if exit_.outcome in ("timeout", "lost") and self._requeue(job, exit_, fields, data):
+            return
         if exit_.outcome == "preempted":
             if job.requeue or not exit_.started:
                 self.events.set_state(job_id, JobState.PENDING, "scheduler", exit_.reason, data=data,
@@ -260,6 +263,30 @@ class Supervisors:
         stopping = [j.id for j in ended if not j.state.is_final]
         return {"cancelled": cancelled, "stopping": stopping, "errors": errors}
 
+    def _requeue(self, job: Job, exit_: Exit, fields: dict[str, Any], data: dict[str, Any]) -> bool:
+        """A job submitted with `requeue: true` that reached its time limit, or whose run was
+        lost (node, GPU or supervisor gone), goes back to the queue with its checkpoint folder,
+        up to its `max_requeues`; the event says which requeue it is. False when it does not."""
+        s = self.state
+        if job.max_requeues is None or not exit_.started or job.id in s.cancel_requested:
+            return False
+        if job.requeues >= job.max_requeues:
+            s.store.add_event(job.id, "WARNING", "engine", f"not requeued: it was requeued {job.requeues} time(s), "
+                              f"its maximum (max_requeues)", s.clock())
+            return False
+        reason = (f"requeued ({exit_.reason}): requeue {job.requeues + 1} of at most {job.max_requeues}; "
+                  "it starts again with its checkpoint folder")
+        s.freed.set()
+        self.events.set_state(job.id, JobState.PENDING, "engine", reason, data={**data, "requeue": job.requeues + 1},
+                              started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
+                              restarts=job.restarts + 1, requeues=job.requeues + 1,
+                              released_at=exit_.ended_at, **fields)
+        s.handles.pop(job.id, None)
+        s.terminating.discard(job.id)
+        s.warned.discard(job.id)  # its next run is warned before its limit again
+        s.ended_since_cycle = True
+        return True
+
     def withdraw(self, job: Job, reason: str) -> bool:
         """Take back the stop of a job preempted for a preemptor that is gone (cancelled, ...),
         in its grace: the runner does not kill it, and it runs on (`Runner.withdraw_stop`)."""
@@ -352,6 +379,8 @@ class Supervisors:
         s = self.state
         hints, facts = s.shares.environment(job, gpus)  # a share of a GPU: framework hints, MPS
         env = {**s.job_env, **hints, **job.env, **facts, "GPUJOBS_USER": job.user}
+        env["GPUJOBS_CHECKPOINT_DIR"] = checkpoint_dir(str(self.access.root_for(job.user)), job.id)
+        env["GPUJOBS_RESTARTS"] = str(job.restarts)
         if job.array_index is not None:
             env["GPUJOBS_ARRAY_INDEX"] = str(job.array_index)
             env["GPUJOBS_ARRAY_JOB_ID"] = str(job.array_job_id)
@@ -368,13 +397,14 @@ class Supervisors:
             gpu_uuids=[g.uuid for g in gpus],
             time_limit_s=job.time_limit_s,
             grace_s=s.kill_grace_s,
-            preempt_grace_s=s.policy.preempt_grace_s,
+            preempt_grace_s=preempt_grace(job, s.policy)[0],
             log_path=log_path,
             fake=s.gpus.name == "fake",
             run_as=owner,
             mem_bytes=job.mem_bytes,
             cpus=job.cpus,
             deny_devices=self.inventory.deny_devices(gpus),
+            warn_signal=job.warn_signal,
         )
 
     def _discard(self, handle: dict[str, Any]) -> None:

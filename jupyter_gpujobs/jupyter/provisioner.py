@@ -52,6 +52,7 @@ from ..model import (
     parse_gpu_memory,
     parse_gpus,
     parse_priority,
+    parse_warn_signal,
 )
 from .kernel_host import GPUKernelStartError
 from .slurm_kernel import SlurmKernel, engine_runner
@@ -142,6 +143,10 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                        help="Time limit of the kernel's GPU job, e.g. '4h' (None: the engine's default). "
                             "It counts from the kernel's first start; restarts do not reset it.")
     priority = Unicode("normal", config=True, help="Priority class: low, normal, high or urgent.")
+    signal = Unicode(None, allow_none=True, config=True,
+                     help="A signal sent to the kernel before its time limit, as Slurm's --signal: 'USR1@5m' "
+                          "(the kernel must handle it, e.g. with jupyter_gpujobs.checkpoint.on_signal; "
+                          "GPUJOBS_SIGNAL names it in the kernel).")
     idle_timeout = Union([Integer(), Unicode()], default_value=None, allow_none=True, config=True,
                          help="Shut the kernel down after this long with no execution and ~0 % use of "
                               "its GPUs, e.g. '30m' (None or 0: never).")
@@ -178,6 +183,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     _inherited = False  # started inside a job that already holds GPUs: no queueing
     _idle_since = 0.0
     _deadline: float | None = None  # epoch seconds of the job's time limit
+    _signal_at: float | None = None  # when the kernelspec's signal before the end is due (epoch seconds)
+    _signal: int | None = None
     _pending_end: tuple[str, str] | None = None  # how cleanup() ends the job (idle, time limit)
     _fake_gpus = False
     _slurm: SlurmKernel | None = None  # the engine hands jobs to Slurm: the kernel is a Slurm job
@@ -200,6 +207,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "priority": parse_priority(self.priority or "normal"),
                 "idle_timeout": _optional_duration(self.idle_timeout, "idle_timeout"),
                 "max_wait": _optional_duration(self.max_wait, "max_wait"),
+                "signal": parse_warn_signal(self.signal, None, "signal").text() if self.signal else None,
             }
         except InvalidInput as err:
             raise GPUKernelStartError(f"kernelspec {self._spec_name()!r}: {err}", 400) from None
@@ -275,7 +283,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 gpus=settings["share"] if settings["share"] is not None else settings["gpus"],
                 gpu_memory=f"{settings['gpu_memory'] >> 20}M" if settings["gpu_memory"] is not None else None,
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
-                priority=settings["priority"],
+                priority=settings["priority"], signal=settings["signal"],
                 payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid(),
                          # the engine reclaims an idle kernel whose server is gone
                          "idle_timeout": settings["idle_timeout"]},
@@ -340,6 +348,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _remember(self, job: dict[str, Any]) -> None:
         started, limit = job.get("started_at"), job.get("time_limit_s")
         self._deadline = float(started) + float(limit) if started and limit else None
+        warning = parse_warn_signal(job["warn_signal"]) if job.get("warn_signal") else None
+        self._signal_at = (self._deadline - warning.before_s if warning is not None and self._deadline else None)
+        self._signal = getattr(signal, "SIG" + warning.name) if warning is not None else None
         self._pending_end = None
 
     async def _gpu_env(self, job: dict[str, Any]) -> dict[str, str]:
@@ -352,6 +363,9 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         }
         if job.get("time_limit_s"):
             env["GPUJOBS_TIME_LIMIT"] = str(job["time_limit_s"])
+        warning = parse_warn_signal(job["warn_signal"]) if job.get("warn_signal") else None
+        if warning is not None:  # for jupyter_gpujobs.checkpoint in the kernel
+            env["GPUJOBS_SIGNAL"], env["GPUJOBS_SIGNAL_BEFORE"] = warning.name, str(warning.before_s)
         for field, name in (("ends_at", "GPUJOBS_ENDS_AT"), ("warn_at", "GPUJOBS_WARN_AT")):
             if job.get(field) is not None:  # epoch seconds, for the in-kernel notice
                 env[name] = repr(float(job[field]))
@@ -460,6 +474,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             pause = self.poll_interval
             if self._deadline is not None:
                 pause = max(0.0, min(pause, self._deadline - time.time()))
+            if self._signal_at is not None:
+                pause = max(0.0, min(pause, self._signal_at - time.time()))
             await asyncio.sleep(pause)
             if self._stopping or self.job_id is None:
                 return
@@ -467,6 +483,12 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             if exited:
                 await self._on_exit(rc)
                 return
+            if self._signal_at is not None and time.time() >= self._signal_at and self._signal is not None:
+                self._signal_at = None  # the signal the kernelspec asks for before the time limit
+                self.log.info("gpujobs: kernel %s: sending SIG%s before its time limit", self.kernel_id,
+                              signal.Signals(self._signal).name[3:])
+                with contextlib.suppress(Exception):
+                    await self.send_signal(self._signal)
             try:
                 client = await self._get_client()
                 job = await client.job(self.job_id)

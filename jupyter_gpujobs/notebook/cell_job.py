@@ -6,6 +6,9 @@ It owns the job side of the cell folder the magic writes (see `magics.py`):
               kept as a comment), so tracebacks point at the lines the user sees;
 - `push.pkl`  the pushed variables (a cloudpickled dict), optional;
 - `pull.json` the names of the variables to bring back, optional;
+- `checkpoint.json` the names of the variables to save at the job's signal before its end
+              (`%%gpujob --checkpoint`), optional: they go to `cell.pkl` in the job's checkpoint
+              folder (jupyter_gpujobs.checkpoint), and a requeued run starts the cell with them;
 
 and what it writes back:
 
@@ -42,6 +45,9 @@ PULL_FILE = "pull.json"
 RESULT_FILE = "result.pkl"
 ERROR_FILE = "error.json"
 STDERR_SPANS = "stderr.spans"
+CHECKPOINT_FILE = "checkpoint.json"
+#: the checkpointed variables, in the job's checkpoint folder
+SAVED_FILE = "cell.pkl"
 
 
 class StreamPump:
@@ -131,6 +137,35 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
+def _checkpointing(folder: Path, namespace: dict[str, Any]) -> None:
+    """With `--checkpoint`: start the cell with the variables a run before this one saved
+    (saying so), and save them at the job's signal before its end."""
+    names_path = folder / CHECKPOINT_FILE
+    if not names_path.exists():
+        return
+    from .. import checkpoint
+
+    names: list[str] = json.loads(names_path.read_text())
+    saved = checkpoint.folder() / SAVED_FILE
+    if saved.exists():
+        with open(saved, "rb") as f:
+            values = pickle.load(f)
+        namespace.update(values)
+        print(f"gpujobs: run {checkpoint.restarts() + 1} of this cell starts with the variables the run before "
+              f"saved at its signal: {', '.join(sorted(values)) or 'none'}", flush=True)
+
+    def save() -> None:
+        import cloudpickle
+
+        values = {name: namespace[name] for name in names if name in namespace}
+        checkpoint.write_atomic(saved, cloudpickle.dumps(values))
+        print(f"gpujobs: saved {', '.join(sorted(values)) or 'nothing'} at SIG{checkpoint.signal_name()}, "
+              f"{checkpoint.time_left() or 0:.0f}s before the end", flush=True)
+
+    if checkpoint.signal_name():
+        checkpoint.on_signal(save)
+
+
 def run_cell(folder: Path) -> int:
     """Run the cell in `folder`; returns the exit status."""
     cell_path = str(folder / CELL_FILE)
@@ -144,6 +179,7 @@ def run_cell(folder: Path) -> int:
             namespace.update(pickle.load(f))
     pull_path = folder / PULL_FILE
     pull: list[str] = json.loads(pull_path.read_text()) if pull_path.exists() else []
+    _checkpointing(folder, namespace)
     # the cell may import modules next to the notebook, as it could in the kernel
     sys.path.insert(0, os.getcwd())
     sys.argv = [cell_path]

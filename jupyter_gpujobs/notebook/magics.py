@@ -40,6 +40,7 @@ from IPython.display import display
 
 from ..client import FINAL_STATES, GPUJobsClient, GPUJobsError
 from ..model import (
+    DEFAULT_SIGNAL_BEFORE_S,
     InvalidInput,
     parse_begin,
     parse_cpus,
@@ -48,6 +49,7 @@ from ..model import (
     parse_gpus,
     parse_memory,
     parse_priority,
+    parse_warn_signal,
 )
 from . import cell_job
 from .cells import (
@@ -135,6 +137,9 @@ def job_options(args: Any) -> dict[str, Any]:
             body["mem"] = args.mem
         if args.cpus is not None:
             body["cpus"] = parse_cpus(args.cpus, "--cpus")
+        if args.signal is not None:
+            parse_warn_signal(args.signal, None, "--signal")
+            body["signal"] = args.signal
     except InvalidInput as err:
         raise UsageError(str(err)) from None
     if args.when is not None:
@@ -145,6 +150,8 @@ def job_options(args: Any) -> dict[str, Any]:
         value = getattr(args, key)
         if value is not None:
             body[key] = value
+    if args.requeue:
+        body["requeue"] = True
     env = _env_pairs(args.env)
     if env:
         body["env"] = env
@@ -337,6 +344,10 @@ def _job_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
         argument("--begin", default=None, help="not before this time, e.g. 2026-12-24T20:00 or +2h"),
         argument("--mem", default=None, help="host memory limit, e.g. 32G"),
         argument("--cpus", default=None, help="CPU limit in cores, e.g. 8"),
+        argument("--signal", default=None, help="a signal before the end, e.g. USR1@5m (also sent at once when "
+                 "preempted; jupyter_gpujobs.checkpoint.on_signal registers what to do then)"),
+        argument("--requeue", action="store_true", help="back to the queue at the time limit (or a lost run), "
+                 "with the job's checkpoint folder"),
     ]):
         func = decorator(func)
     return func
@@ -364,6 +375,9 @@ class GPUJobMagics(Magics):
               help="notebook variables to send to the job (cloudpickle)")
     @argument("--pull", default=None, metavar="x,y",
               help="variables of the cell to bring back into the notebook when it completes")
+    @argument("--checkpoint", action="store_true",
+              help="save the --pull variables at the signal before the end (--signal, USR1@1m by default) and "
+                   "requeue the job at its limit; a requeued run starts the cell with the saved ones")
     @argument("--async", dest="run_async", action="store_true",
               help="do not wait: return a JobWidget at once (.wait(), .result() pulls the variables)")
     @cell_magic
@@ -386,6 +400,10 @@ class GPUJobMagics(Magics):
             %%gpujob -g 1 -t 30m --push config --pull losses
             import torch
             losses = train(config)
+
+        With --checkpoint the --pull variables are saved at the job's signal before its end
+        (USR1 a minute before, or --signal) and the job is requeued at its limit; the requeued
+        run starts the cell with the saved values already defined (docs/long-jobs.md).
         """
         args = parse_argstring(self.gpujob, line)
         body = job_options(args)
@@ -397,9 +415,14 @@ class GPUJobMagics(Magics):
             raise UsageError(f"--push: no variable named {', '.join(missing)} in the notebook")
         if not cell.strip():
             raise UsageError("%%gpujob: the cell is empty")
+        if args.checkpoint:
+            if not pull:
+                raise UsageError("--checkpoint saves the --pull variables at the signal: name them with --pull")
+            body.setdefault("signal", f"USR1@{DEFAULT_SIGNAL_BEFORE_S}")
+            body["requeue"] = True
         client = self.client
         cwd = os.getcwd()
-        folder = self._write_folder(cwd, line, cell, {name: user_ns[name] for name in push}, pull)
+        folder = self._write_folder(cwd, line, cell, {name: user_ns[name] for name in push}, pull, args.checkpoint)
         body.setdefault("name", _default_name())
         body["env"] = {"PYTHONUNBUFFERED": "1", **body.get("env", {})}
         command = [sys.executable, "-m", cell_job.__name__, str(folder)]
@@ -422,7 +445,8 @@ class GPUJobMagics(Magics):
         user_ns.update(pulled)
         return None
 
-    def _write_folder(self, cwd: str, line: str, cell: str, pushed: dict[str, Any], pull: list[str]) -> Path:
+    def _write_folder(self, cwd: str, line: str, cell: str, pushed: dict[str, Any], pull: list[str],
+                      checkpoint: bool = False) -> Path:
         folder = cell_folder_root(cwd) / uuid.uuid4().hex
         folder.parent.mkdir(parents=True, exist_ok=True)
         folder.mkdir(mode=0o700)  # pushed variables are the user's data
@@ -441,6 +465,8 @@ class GPUJobMagics(Magics):
                     cloudpickle.dump(pushed, f)
             if pull:
                 (folder / cell_job.PULL_FILE).write_text(json.dumps(pull))
+            if checkpoint:
+                (folder / cell_job.CHECKPOINT_FILE).write_text(json.dumps(pull))
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

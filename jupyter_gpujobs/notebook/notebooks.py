@@ -17,6 +17,11 @@ This module owns both sides of it:
   writes the executed notebook after every cell, at the end, and on failure (the failing cell
   keeps its error output; a note at the top and the log name the cell and its failing line; the
   exit status is 1). Stopped by SIGTERM (cancel, time limit), it writes what it has; exit 143.
+  It records the last cell completed in the job's checkpoint folder (`PROGRESS_FILE`,
+  jupyter_gpujobs.checkpoint); a run of the same job after a requeue (preemption, a time limit
+  with `requeue`, a lost run) resumes after that cell, from the notebook the run before wrote:
+  the cells before it tagged `setup` (and the parameters) run again first to rebuild the
+  kernel's state, the others keep their outputs, and the log says so.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ PAYLOAD_FIELDS = ("notebook", "parameters", "kernel", "output")
 INJECTED_TAG = "injected-parameters"
 PARAMETERS_TAG = "parameters"
 ERROR_TAG = "gpujobs-error"
+#: cells run again before a requeued run resumes (they rebuild the kernel's state: imports, data, model)
+SETUP_TAG = "setup"
+#: in the job's checkpoint folder: {"input", "last"} (the index of the last cell completed)
+PROGRESS_FILE = "notebook-progress.json"
 
 
 # ----------------------------------------------------------------------------- engine side
@@ -262,11 +271,25 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
     from nbclient.exceptions import CellExecutionError
     from traitlets.config import Config
 
-    nb = nbformat.read(str(input_path), as_version=4)
+    from .. import checkpoint
+
+    progress_path = checkpoint.folder() / PROGRESS_FILE if checkpoint.in_job() else None
+    last = _resume_point(progress_path, input_path, output)
+    nb = nbformat.read(str(output if last is not None else input_path), as_version=4)
+    nb.cells = [c for c in nb.cells if ERROR_TAG not in c.get("metadata", {}).get("tags", [])]
     inject_parameters(nb, parameters or {})
     kernel_name = kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
     runnable = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     number = {index: n + 1 for n, index in enumerate(runnable)}
+    skip: set[int] = set()
+    if last is not None:
+        rebuild = {SETUP_TAG, PARAMETERS_TAG, INJECTED_TAG}
+        again = [i for i in runnable if i <= last and rebuild & set(nb.cells[i].get("metadata", {}).get("tags", []))]
+        skip = {i for i in runnable if i <= last} - set(again)
+        print(f"gpujobs: run {checkpoint.restarts() + 1} of this job resumes after cell {number.get(last, '?')}/"
+              f"{len(runnable)}, the last one completed; first running again the {len(again)} cell(s) before it "
+              f"tagged {SETUP_TAG!r} or parameters" + (f" (cells {', '.join(str(number[i]) for i in again)})"
+                                                       if again else ""), flush=True)
     current: dict[str, int] = {}
     output.parent.mkdir(parents=True, exist_ok=True)
     meta = {"job_id": os.environ.get("GPUJOBS_JOB_ID"), "input": str(input_path),
@@ -293,8 +316,18 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
 
     def on_cell_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
         save()
+        ok = (execute_reply or {}).get("content", {}).get("status") == "ok"
+        if progress_path is not None and ok and cell_index not in skip:
+            checkpoint.write_atomic(progress_path, json.dumps({"input": str(input_path),
+                                                               "last": cell_index}).encode())
 
     class _Client(NotebookClient):
+        async def async_execute_cell(self, cell: Any, cell_index: int, execution_count: int | None = None,
+                                     store_history: bool = True) -> Any:
+            if cell_index in skip:  # completed by a run before this one: its outputs are kept
+                return cell
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+
         def output(self, outs: list[Any], msg: dict[str, Any], display_id: str | None,
                    cell_index: int) -> Any:
             if msg["msg_type"] == "stream":  # the cells' prints go to the job log, live
@@ -353,6 +386,19 @@ def execute_notebook(input_path: Path, output: Path, parameters: dict[str, Any] 
         meta["ended_at"] = time.time()
         save()
     return status
+
+
+def _resume_point(progress_path: Path | None, input_path: Path, output: Path) -> int | None:
+    """The index of the last cell a run before this one of the same job completed, when this
+    run should resume after it (that run's notebook is at `output`); None: run it all."""
+    if progress_path is None or not output.exists():
+        return None
+    try:
+        progress = json.loads(progress_path.read_text())
+    except (OSError, ValueError):
+        return None
+    last = progress.get("last") if isinstance(progress, dict) and progress.get("input") == str(input_path) else None
+    return last if isinstance(last, int) and last >= 0 else None
 
 
 def main(argv: list[str] | None = None) -> None:

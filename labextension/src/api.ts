@@ -286,6 +286,10 @@ export interface ISubmitNotebook {
   gpu_type: string | null;
   time_limit: string | null;
   priority: string;
+  /** a signal before the end, "USR1@5m" (docs/long-jobs.md) */
+  signal?: string;
+  /** back to the queue at the time limit (and after a preemption): resumes after its last completed cell */
+  requeue?: boolean;
   payload: { notebook: string; parameters: { [key: string]: any } };
 }
 

@@ -1,5 +1,6 @@
 /**
- * "Run on GPU queue…": a dialog for GPUs, GPU type, time limit, priority and parameters,
+ * "Run on GPU queue…": a dialog for GPUs, GPU type, time limit, priority, a signal before the
+ * end and requeue at the limit (docs/long-jobs.md), and parameters,
  * then `POST jobs` with a notebook job. A 4xx answer reopens the dialog with the message
  * next to the field it names, keeping what was typed.
  */
@@ -16,6 +17,8 @@ export interface ISubmitValues {
   priority: string;
   name: string;
   parameters: string;
+  signal: string;
+  requeue: boolean;
 }
 
 const PRIORITIES = ['low', 'normal', 'high', 'urgent'];
@@ -82,6 +85,13 @@ class SubmitForm extends Widget {
     }
     this._priority.value = values.priority;
     this._name = input('text', values.name);
+    this._signal = input('text', values.signal);
+    this._signal.placeholder = 'e.g. USR1@5m (empty: none)';
+    this._requeue = input('checkbox', '');
+    this._requeue.checked = values.requeue;
+    this._requeue.title =
+      'At its time limit the job goes back to the queue and resumes after its last completed cell ' +
+      '(cells tagged "setup" run again first)';
     this._params = document.createElement('textarea');
     this._params.rows = 4;
     this._params.value = values.parameters;
@@ -95,6 +105,13 @@ class SubmitForm extends Widget {
         { field: 'time_limit', label: 'Time limit', control: this._time },
         { field: 'priority', label: 'Priority', control: this._priority },
         { field: 'name', label: 'Job name', control: this._name },
+        { field: 'signal', label: 'Signal before the end', control: this._signal },
+        {
+          field: 'requeue',
+          label: 'Requeue at the time limit',
+          control: this._requeue,
+          alsoFor: ['max_requeues']
+        },
         { field: 'parameters', label: 'Parameters', control: this._params, alsoFor: ['payload'] }
       ],
       error
@@ -109,7 +126,9 @@ class SubmitForm extends Widget {
       timeLimit: this._time.value,
       priority: this._priority.value,
       name: this._name.value,
-      parameters: this._params.value
+      parameters: this._params.value,
+      signal: this._signal.value,
+      requeue: this._requeue.checked
     };
   }
 
@@ -118,6 +137,8 @@ class SubmitForm extends Widget {
   private _time: HTMLInputElement;
   private _priority: HTMLSelectElement;
   private _name: HTMLInputElement;
+  private _signal: HTMLInputElement;
+  private _requeue: HTMLInputElement;
   private _params: HTMLTextAreaElement;
 }
 
@@ -133,7 +154,7 @@ export function buildRequest(path: string, v: ISubmitValues): ISubmitNotebook {
   if (!Number.isInteger(gpus) || gpus < 0) {
     throw new APIError(`expected a whole number of GPUs, got "${v.gpus}"`, 400, 'gpus');
   }
-  return {
+  const request: ISubmitNotebook = {
     kind: 'notebook',
     name: v.name.trim() || PathExt.basename(path, '.ipynb'),
     gpus,
@@ -142,6 +163,13 @@ export function buildRequest(path: string, v: ISubmitValues): ISubmitNotebook {
     priority: v.priority || 'normal',
     payload: { notebook: path, parameters: parseParameters(v.parameters) }
   };
+  if (v.signal.trim()) {
+    request.signal = v.signal.trim();
+  }
+  if (v.requeue) {
+    request.requeue = true;
+  }
+  return request;
 }
 
 /** Ask, submit, and answer the job (or null when the user cancelled). */
@@ -159,7 +187,9 @@ export async function runOnGPUQueue(path: string): Promise<IJob | null> {
     timeLimit: '1h',
     priority: 'normal',
     name: PathExt.basename(path, '.ipynb'),
-    parameters: ''
+    parameters: '',
+    signal: '',
+    requeue: false
   };
   let error: APIError | null = null;
   for (;;) {

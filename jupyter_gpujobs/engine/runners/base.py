@@ -43,6 +43,8 @@ class LaunchRequest:
     deny_devices: list[str] = field(default_factory=list)
     mem_bytes: int | None = None  # host memory limit (cgroup)
     cpus: float | None = None  # CPU limit in cores (cgroup)
+    #: a signal before the end, "USR1@300" or "B:USR1@300" (model.WarnSignal.text); None: none
+    warn_signal: str | None = None
 
 
 @dataclass

@@ -133,7 +133,7 @@ class LocalRunner(Runner):
             "pythonpath": pythonpath, "run_as": req.run_as, "account": account, "cgroups": cg,
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
-            "bpf_fence": iso.bpf,
+            "bpf_fence": iso.bpf, "warn_signal": req.warn_signal,
             # the engine's environment only for a personal engine's job run as its own user
             "inherit_env": bool(self.inherit_environment and account is None and req.run_as is None),
             "env_allow": list(self.env_allow), "log_max_bytes": self.log_max_bytes,

@@ -18,6 +18,10 @@ Jupyter server that started it. The shim owns one run from start to result:
   removes that /tmp when the job has ended;
 - becomes a child subreaper (Linux), so descendants that leave the process group or
   daemonize are re-parented to it and can still be found and killed;
+- sends the signal a job asked for before its end (`warn_signal`, "B:USR1@300": to the whole
+  job, or with `B:` to its first process only) that many seconds before its time limit, and
+  at once when it is preempted, its SIGTERM then waiting until the grace has only the kill
+  grace left (the engine gives it a grace of at least its asked time, `model.preempt_grace`);
 - stops the whole tree (SIGTERM, grace, SIGKILL) at the time limit, when asked (SIGTERM to the
   shim after the runner wrote `JOB_DIR/control.json` with outcome and reason; a control with
   `withdrawn` in the grace takes the SIGKILL back), and when the
@@ -206,10 +210,29 @@ def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str
         "GPUJOBS_PREEMPT_GRACE": str(int(spec["preempt_grace_s"] if spec.get("preempt_grace_s") is not None
                                          else spec.get("grace_s") or 0)),
         "PYTHONUNBUFFERED": "1",
+        # when the time limit ends the run (epoch seconds), for jupyter_gpujobs.checkpoint
+        "GPUJOBS_ENDS_AT": str(int(time.time() + float(limit))) if limit else "",
     })
+    warning = parse_warning(spec.get("warn_signal"))
+    if warning is not None:
+        env["GPUJOBS_SIGNAL"] = signal.Signals(warning[0]).name[3:]
+        env["GPUJOBS_SIGNAL_BEFORE"] = str(int(warning[1]))
     if spec.get("fake"):
         env["GPUJOBS_FAKE"] = "1"
     return env
+
+
+def parse_warning(text: Any) -> tuple[int, float, bool] | None:
+    """(signal number, seconds before the end, first process only) of a stored signal before
+    the end ("USR1@300", "B:USR1@300"; model.WarnSignal.text), None for none or a bad one."""
+    if not isinstance(text, str) or "@" not in text:
+        return None
+    first_only = text.startswith("B:")
+    name, _, before = text[2 if first_only else 0:].partition("@")
+    try:
+        return int(getattr(signal, "SIG" + name)), float(before), first_only
+    except (AttributeError, ValueError):
+        return None
 
 
 class CappedLog:
@@ -661,6 +684,18 @@ class Shim:
                 pass
         return sent
 
+    def send_warning(self, warning: tuple[int, float, bool]) -> None:
+        """The signal a job asked for before its end: to its first process only (`B:`), else
+        to the whole job (`signal_tree`)."""
+        sig, _before, first_only = warning
+        if not first_only:
+            self.signal_tree(sig)
+        elif self.child_pid is not None and self.child_status is None:
+            try:
+                os.kill(self.child_pid, sig)
+            except OSError:
+                pass
+
     def leftovers(self) -> bool:
         """Is a process of the job still alive after its main process ended?"""
         if self.cg:
@@ -810,6 +845,10 @@ class Shim:
         limit = spec.get("time_limit_s")
         grace = float(spec.get("grace_s") if spec.get("grace_s") is not None else 10)
         deadline = started_mono + float(limit) if limit else None
+        warning = parse_warning(spec.get("warn_signal"))
+        warned = False  # the signal before the end was sent
+        kill_grace = grace
+        term_at: float | None = None  # a preempted job with a signal: its SIGTERM, after its asked time
         stop: tuple[str, str] | None = None  # (outcome, reason) once stopping
         kill_at: float | None = None
         # a stop withdrawn in its grace (a preemption whose preemptor was cancelled): the job
@@ -834,16 +873,33 @@ class Shim:
                                 str(control.get("reason") or "stopped by a signal to the supervisor"))
                         if control.get("grace_s") is not None:
                             grace = float(control["grace_s"])
+                    elif (warning is not None and not warned and deadline is not None
+                          and now >= deadline - warning[1] and now < deadline):
+                        limit = self.time_limit(limit)  # (a limit extended since: limit.json)
+                        deadline = started_mono + float(limit)
+                        if now >= deadline - warning[1]:
+                            warned = True
+                            self.send_warning(warning)
                     elif deadline is not None and now >= deadline:
                         limit = self.time_limit(limit)  # (a limit extended since: limit.json)
                         deadline = started_mono + float(limit)
                         if now >= deadline:
                             stop = ("timeout", f"time limit of {_format_duration(float(limit))} reached")
-                    if stop is not None:
+                    if stop is not None and warning is not None and stop[0] == "preempted":
+                        if not warned:  # its signal now, its SIGTERM when the kill grace is all that is left
+                            warned = True
+                            self.send_warning(warning)
+                        term_at = now + max(0.0, grace - kill_grace)
+                    elif stop is not None:
                         self.signal_tree(signal.SIGTERM)
+                    if stop is not None:
                         kill_at = now + grace
                 elif kill_at is not None and not killed and (read_json(self.control_path) or {}).get("withdrawn"):
                     withdrawn, stop, kill_at, self.term_requested = (stop, kill_at), None, None, False
+                if term_at is not None and (stop is None or killed or now >= term_at):
+                    if stop is not None and not killed:
+                        self.signal_tree(signal.SIGTERM)
+                    term_at = None
                 if kill_at is not None and now >= kill_at and not killed:
                     self.signal_tree(signal.SIGKILL)
                     killed = True
@@ -868,6 +924,10 @@ class Shim:
             waits = [0.5]
             if deadline is not None and stop is None:
                 waits.append(deadline - now)
+                if warning is not None and not warned:
+                    waits.append(deadline - warning[1] - now)
+            if term_at is not None:
+                waits.append(term_at - now)
             if kill_at is not None:
                 waits.append(kill_at - now)
             if self.child_status is not None or killed:

@@ -189,8 +189,8 @@ class SlurmRunner(Runner):
             args.append(f"--qos={s.qos[job.priority]}")
         if s.account:
             args.append(f"--account={s.account}")
-        if s.nodes:
-            args.append(f"--nodes={s.nodes}")
+        if job.nodes > 1 or s.nodes:  # a multi-node job: its --gres is per node
+            args.append(f"--nodes={job.nodes if job.nodes > 1 else s.nodes}")
         if s.ntasks:
             args.append(f"--ntasks={s.ntasks}")
         if job.mem_bytes:
@@ -199,6 +199,10 @@ class SlurmRunner(Runner):
             args.append(f"--cpus-per-task={max(1, -(-int(job.cpus * 100) // 100))}")
         if not job.requeue:
             args.append("--no-requeue")
+        elif job.max_requeues is not None:
+            args.append("--requeue")  # at a node failure; Slurm's MaxBatchRequeue bounds the count
+        if job.warn_signal:  # stored in Slurm's own form ("B:USR1@300")
+            args.append(f"--signal={job.warn_signal}")
         return [*args, *s.extra_args]
 
     def submit(self, jobs: Sequence[Job], requests: Sequence[LaunchRequest], dependency: str = "",

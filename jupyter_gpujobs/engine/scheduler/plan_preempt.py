@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...model import Claim, Job, Preemption
+from ...model import Claim, Job, Preemption, preempt_grace
 from .placement import View
 from .preemption import choose_victims, victims_text
 
@@ -61,7 +61,7 @@ class Preempting:
             self.victims.add(v.id)
             self.candidates[p].remove(v)
         self.victim_index.clear()
-        self._hold(j, k, limit, p, victims, self.now + self.policy.preempt_grace_s)
+        self._hold(j, k, limit, p, victims, self.now + max(preempt_grace(v, self.policy)[0] for v in victims))
         return True
 
     def _claim_guarantee(self, j: Job, k: int) -> str:

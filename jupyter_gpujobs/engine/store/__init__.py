@@ -172,6 +172,7 @@ def _to_job(row: JobRow) -> Job:
         cpus=row.cpus,
         share=row.share,
         gpu_memory=row.gpu_memory,
+        nodes=row.nodes or 1,
         state=JobState(row.state),
         submitted_at=row.submitted_at,
         started_at=row.started_at,
@@ -184,6 +185,9 @@ def _to_job(row: JobRow) -> Job:
         reason=row.reason or "",
         run_seconds=row.run_seconds or 0.0,
         restarts=row.restarts or 0,
+        warn_signal=row.warn_signal,
+        max_requeues=row.max_requeues,
+        requeues=row.requeues or 0,
         retries=row.retries or 0,
         retry_backoff_s=row.retry_backoff_s if row.retry_backoff_s is not None else 30,
         retry_oom=bool(row.retry_oom),
@@ -195,8 +199,9 @@ def _to_job(row: JobRow) -> Job:
 _ROW_FIELDS = {
     "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
     "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
-    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "state", "submitted_at", "started_at", "ended_at",
+    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "nodes", "state", "submitted_at", "started_at", "ended_at",
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
+    "warn_signal", "max_requeues", "requeues",
     "runner_handle", "log_path", "retries", "retry_backoff_s", "retry_oom", "held", "retried",
 }
 
