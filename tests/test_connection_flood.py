@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 import httpx
+import pytest
 from servers import wait_until
 
 
@@ -81,3 +82,40 @@ def _closed_by_peer(s: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+def test_the_shared_engine_caps_the_connections_of_one_user() -> None:
+    """The shared engine's socket: one Unix user's flood of connections is cut at
+    c.GPUJobs.max_connections_per_user; another user still gets through."""
+    from team import USERS, Team, missing
+
+    if missing() is not None:
+        pytest.skip(str(missing()))
+    with Team(fake_gpus="1xA100", users=(), engine_args=["--GPUJobs.max_connections_per_user=20"]) as team:
+        held = []
+        try:
+            for _ in range(20):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(str(team.socket))
+                held.append(s)
+            extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            extra.connect(str(team.socket))
+            held.append(extra)
+            wait_until(lambda: _closed_by_peer(extra), timeout=30, what="the engine closing root's 21st connection")
+            assert all(not _closed_by_peer(s) for s in held[:20])
+            code = (f"import httpx, json; c = httpx.Client(transport=httpx.HTTPTransport(uds={str(team.socket)!r}), "
+                    "base_url='http://x/gpujobs/api/'); print(json.dumps(c.get('whoami').status_code))")
+            assert team.run_as(USERS[0], code) == 200  # another user is not held back by root's flood
+        finally:
+            for s in held:
+                s.close()
+        with team.socket_client() as c:  # root's own connections closed: root gets through again
+            assert wait_until(lambda: _answers(c), timeout=30, what="root answered again")
+        assert "closed another" in team.engine_log.read_text()
+
+
+def _answers(c: httpx.Client) -> bool:
+    try:
+        return c.get("whoami").status_code == 200
+    except httpx.HTTPError:
+        return False
