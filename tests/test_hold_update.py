@@ -13,6 +13,7 @@ from typing import Any
 from servers import wait_job, wait_until
 
 from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
+from jupyter_gpujobs.notebook.cells import describe
 
 PY = sys.executable
 QUICK = [PY, "-c", "print('ran')"]
@@ -50,7 +51,8 @@ def test_a_held_job_never_starts_while_gpus_are_free_and_starts_at_release(live_
     # everyone sees it HELD (the queue view), only its owner or an admin may release it
     assert alice.job(held)["state"] == "HELD"
     _refused(lambda: alice.release(held), 403, words="belongs to bob")
-    # the CLI's tables say HELD
+    # the CLI's tables and the notebook's widgets say HELD
+    assert describe(bob.job(held)) == f"job {held} HELD: it starts once released (jupyter gpujobs release {held})"
     out = server.cli("list", "--all")
     assert out.returncode == 0 and f"{held}" in out.stdout and "HELD" in out.stdout, out
 

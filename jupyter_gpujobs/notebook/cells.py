@@ -121,6 +121,8 @@ def describe(job: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     head = f"job {job['id']}"
     state = job["state"]
+    if state == "HELD":
+        return safe_text(f"{head} HELD: it starts once released (jupyter gpujobs release {job['id']})")
     if state == "PENDING":
         pos = f"position {job['position']} in the queue" if job.get("position") else "queued"
         start = f"expected start {_starts(job, now)}"

@@ -206,7 +206,7 @@ class JobWidget(_LiveWidget):
     def refresh(self) -> None:
         with self._lock:
             self.job = self.client.job(self.job_id)
-            if self.state != "PENDING" and not self._log_done:
+            if self.state not in ("PENDING", "HELD") and not self._log_done:
                 for _ in range(16):  # at most 4 MiB per refresh
                     chunk = self.client.log(self.job_id, self._log_offset)
                     self._log_offset = chunk["offset"]
@@ -217,7 +217,7 @@ class JobWidget(_LiveWidget):
                     if not chunk["data"] or self._log_done:
                         break
             self._render()
-            if self.done and (self._log_done or self.state == "PENDING"):
+            if self.done and (self._log_done or self.state in ("PENDING", "HELD")):
                 self._ended.set()
             if self.done and not self._log_done and not self.job.get("started_at"):
                 self._log_done = True  # never ran: no log to read
@@ -232,11 +232,12 @@ class JobWidget(_LiveWidget):
         if job.get("output_notebook"):
             self.status.value += f"<br>output notebook: <code>{html.escape(str(job['output_notebook']))}</code>"
         limit = job.get("time_limit_s") or 0
-        if self.state == "PENDING":
+        if self.state in ("PENDING", "HELD"):
             self.progress.max = 1.0
             self.progress.value = 0.0
             self.progress.bar_style = ""
-            self.progress.description = f"queued, expected start {_starts(job, now)}"
+            self.progress.description = ("held: starts once released" if self.state == "HELD"
+                                         else f"queued, expected start {_starts(job, now)}")
         else:
             started = job.get("started_at") or now
             ended = job.get("ended_at") if self.done and job.get("ended_at") else now

@@ -490,7 +490,9 @@ function JobRow(props: {
         <div className="jp-GPUJobs-jobDetail">
           <span className="jp-GPUJobs-expected">
             {job.position ? `#${job.position} in queue · ` : ''}
-            starts {formatStart(job.expected_start, now, job.expected_start_kind)}
+            {job.state === 'HELD'
+              ? 'starts once released'
+              : `starts ${formatStart(job.expected_start, now, job.expected_start_kind)}`}
           </span>
           {job.reason && <div className="jp-GPUJobs-reason">{job.reason}</div>}
         </div>
