@@ -89,7 +89,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, lab: Lab, request: pytest.FixtureRequest) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    # a fixed locale, not the machine's: the UI follows it (times, 12-hour in en-US)
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, locale="en-US")
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
