@@ -93,3 +93,16 @@ def test_postgres_down_answers_503_and_the_cli_retries(live_server: Any, postgre
     assert proc.returncode == 0, (said, err)
     job = json.loads(out)
     assert wait_job(client, job["id"], ("COMPLETED", "FAILED"), timeout=60)["state"] == "COMPLETED"
+
+
+def test_a_second_engine_on_one_postgres_database_is_refused_naming_the_first(
+        live_server: Any, postgres: Postgres) -> None:
+    first = live_server(fake_gpus="1xA100", config={"db_url": postgres.url})
+    second = live_server(fake_gpus="1xA100", config={"db_url": postgres.url}, start=False).start(status=503)
+    r = httpx.get(second.url + "gpujobs/api/jobs", headers={"Authorization": f"token {second.token}"}, timeout=10)
+    assert r.status_code == 503
+    assert first.proc is not None and f"pid {first.proc.pid} on host" in r.json()["message"], r.text
+    first.stop()
+    second.stop()
+    third = live_server(fake_gpus="1xA100", config={"db_url": postgres.url})  # the first gone: the store is free
+    assert third.client().whoami()["user"]
