@@ -51,6 +51,8 @@ def test_a_held_job_never_starts_while_gpus_are_free_and_starts_at_release(live_
     # everyone sees it HELD (the queue view), only its owner or an admin may release it
     assert alice.job(held)["state"] == "HELD"
     _refused(lambda: alice.release(held), 403, words="belongs to bob")
+    page = bob.queue_page()
+    assert page["held"] == 2 and {j["id"]: j["state"] for j in page["jobs"]} == {held: "HELD", held_at_submit: "HELD"}
     # the CLI's tables and the notebook's widgets say HELD
     assert describe(bob.job(held)) == f"job {held} HELD: it starts once released (jupyter gpujobs release {held})"
     out = server.cli("list", "--all")

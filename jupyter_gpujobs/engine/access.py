@@ -157,6 +157,10 @@ class Access:
         s = self.state
         return s.plan, len(s.pending), next(reversed(s.pending), None), len(s.running)
 
+    def held_count(self, user: str | None = None) -> int:
+        """How many pending jobs are held (of `user`'s, when given)."""
+        return sum(1 for j in self.state.pending.values() if j.held and (user is None or j.user == user))
+
     def queue_page(self, offset: int, limit: int, user: str | None = None) -> tuple[list[Job], int]:
         """Jobs `offset` to `offset + limit` of `queue()` (of `user`'s jobs only, when given)
         and how many there are in all."""

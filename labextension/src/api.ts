@@ -354,7 +354,7 @@ export const api = {
   job: (id: number) => requestAPI<IJob>(`jobs/${id}`),
   /** The first `limit` pending jobs in scheduling order, and how many are pending in all. */
   queue: (limit = QUEUE_PAGE) =>
-    requestAPI<{ jobs: IJob[]; total: number; offset: number; next: number | null }>(
+    requestAPI<{ jobs: IJob[]; total: number; offset: number; next: number | null; held?: number }>(
       `queue?limit=${limit}`
     ),
   quota: () => requestAPI<IQuota>('quota'),

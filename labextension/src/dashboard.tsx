@@ -764,7 +764,8 @@ function Tiles(props: { model: DashboardModel }): React.ReactElement {
         note={`${gpus.length} GPU${gpus.length === 1 ? '' : 's'}` +
           (reserved ? `; ${formatGiB(reserved)} GiB reserved by the driver, not counted` : '')} />
       <Tile name="queue" label="Waiting" value={`${jobs.queueTotal} job${jobs.queueTotal === 1 ? '' : 's'}`}
-        note={jobs.queueTotal ? `first starts ${startText(jobs)}` : 'nobody is waiting'} />
+        note={(jobs.queueTotal ? `first starts ${startText(jobs)}` : 'nobody is waiting') +
+          (jobs.queueHeld ? `; ${jobs.queueHeld} held` : '')} />
       <Tile name="findings" label="Open findings" value={String(findings.length)}
         note={errors ? `${errors} need${errors === 1 ? 's' : ''} attention` : findings.length ? 'warnings' : 'all quiet'}
         level={errors ? 'error' : findings.length ? 'warn' : 'ok'} />

@@ -42,6 +42,8 @@ export class GPUJobsModel {
   /** The head of the queue (one page); `queueTotal` jobs are pending in all. */
   queue: IJob[] = [];
   queueTotal = 0;
+  /** Of those, how many are held (they start only once released). */
+  queueHeld = 0;
   quota: IQuota | null = null;
   /** Advance reservations (none on an engine without them). */
   reservations: IReservation[] = [];
@@ -196,6 +198,7 @@ export class GPUJobsModel {
       this.isolation = inventory.isolation || '';
       this.queue = queue.jobs;
       this.queueTotal = queue.total;
+      this.queueHeld = queue.held ?? 0;
       this.quota = quota;
       const fresh = jobs.jobs.map(job => {
         const mine = this.myJobs.find(j => j.id === job.id);

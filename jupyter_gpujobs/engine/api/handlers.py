@@ -448,7 +448,7 @@ class QueueHandler(GPUJobsHandler):
             page, total = service.queue_page(offset, limit, user)
             nxt = offset + limit if offset + limit < total else None
             body = json.dumps({"jobs": [service.view(j, viewer) for j in page], "total": total, "offset": offset,
-                               "next": nxt}, allow_nan=False).encode()
+                               "next": nxt, "held": service.access.held_count(user)}, allow_nan=False).encode()
             if len(cache) > 256:
                 cache.clear()
             # its ETag with it: hashing a 100 KiB page for every poll cost as much as serving it
