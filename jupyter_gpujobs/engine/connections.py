@@ -117,14 +117,16 @@ class RepeatFilter(logging.Filter):
     text with numbers masked, its logger, level and exception type); the first one after an
     interval says how many were left out. Lower levels pass untouched."""
 
-    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 min_level: int = logging.WARNING):
         super().__init__()
         self.interval_s = interval_s
+        self.min_level = min_level
         self.clock = clock
         self._seen: dict[tuple[str, int, str, str], list[float]] = {}  # shape -> [since, left out]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < self.min_level:
             return True
         try:
             text = record.getMessage()
@@ -148,12 +150,14 @@ class RepeatFilter(logging.Filter):
 
 
 def install_repeat_filter(logger_names: Iterable[str], interval_s: float = 60.0) -> RepeatFilter:
-    """One RepeatFilter on each named logger (once: a second call adds none)."""
+    """One RepeatFilter on each named logger (once: a second call adds none); tornado's
+    connection notes ("Timeout reading body from ...", one per closed connection) are kept
+    down from INFO on."""
     shared = RepeatFilter(interval_s)
     for name in logger_names:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RepeatFilter) for f in logger.filters):
-            logger.addFilter(shared)
+            logger.addFilter(RepeatFilter(interval_s, min_level=logging.INFO) if name == "tornado.general" else shared)
     return shared
 
 
