@@ -13,6 +13,8 @@ from typing import Any
 from servers import wait_job, wait_until
 
 from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
+from jupyter_gpujobs.engine.scheduler import schedule
+from jupyter_gpujobs.model import GPU, Dependency, Job, Policy
 from jupyter_gpujobs.notebook.cells import describe
 
 PY = sys.executable
@@ -28,6 +30,23 @@ def _refused(call: Any, status: int, field: str | None = None, words: str = "") 
         assert words in err.message, err.message
         return err.message
     raise AssertionError("not refused")
+
+
+def test_the_scheduler_places_no_held_job() -> None:
+    """Pure: a held job is not eligible (a free GPU stays free, no expected start, it says why);
+    a job that depends on it waits for it; one behind it starts."""
+    now = 1_000_000.0
+    held = Job(1, "bob", held=True, submitted_at=now, time_limit_s=60)
+    after = Job(2, "bob", submitted_at=now, time_limit_s=60, depends=(Dependency("afterok", 1),))
+    behind = Job(3, "alice", submitted_at=now + 1, time_limit_s=60)
+    for estimate in (True, False):
+        plan = schedule(now, [held, after, behind], [], [GPU(0, "u0", "A100"), GPU(1, "u1", "A100")], Policy(),
+                        estimate=estimate)
+        assert [s.job_id for s in plan.starts] == [3]
+        assert plan.reasons[1].startswith("held") and plan.expected_start.get(1) is None
+        assert plan.reasons[2] == "waiting for job 1 (afterok)"
+    plan = schedule(now, [held.replace(held=False), after], [], [GPU(0, "u0", "A100")], Policy())
+    assert [s.job_id for s in plan.starts] == [1]
 
 
 def test_a_held_job_never_starts_while_gpus_are_free_and_starts_at_release(live_server: Any) -> None:
@@ -137,3 +156,23 @@ def test_extend_a_running_job_unless_it_pushes_back_a_reservation(live_server: A
     done = wait_job(bob, job_id, ("COMPLETED", "TIMEOUT", "FAILED"))
     assert done["state"] == "COMPLETED", done
     assert bob.log(job_id)["data"].strip().endswith("done")
+
+
+def test_an_extension_that_pushes_back_a_guaranteed_job_is_refused(live_server: Any, tmp_path: Any) -> None:
+    """Alice is guaranteed the GPU but may not preempt (no preemption here): her job waits for
+    bob's to end, so bob may not run longer; once she has nothing waiting, he may."""
+    server = live_server(fake_gpus="1xA100", users={"tok-root": "root", "tok-bob": "bob", "tok-alice": "alice"},
+                         config={"admin_users": ["root"], "preemption": False,
+                                 "user_quotas": {"alice": {"guaranteed_gpus": 1}}})
+    bob = GPUJobsClient(url=server.url, token="tok-bob")
+    alice = GPUJobsClient(url=server.url, token="tok-alice")
+    job_id = bob.submit([PY, "-c", "import time; time.sleep(600)"], name="long", time_limit="10m")["id"]
+    wait_job(bob, job_id, ("RUNNING",))
+    hers = alice.submit(QUICK, name="hers", time_limit="5m")["id"]
+    wait_job(alice, hers, lambda j: j["state"] == "PENDING" and j["expected_start"])
+    message = _refused(lambda: bob.update(job_id, time_limit="20m"), 409, "time_limit", f"push back job {hers}")
+    assert "alice" in message and "guarantee" in message, message
+    assert bob.job(job_id)["time_limit_s"] == 600
+    alice.cancel(hers)
+    assert bob.update(job_id, time_limit="20m")["time_limit_s"] == 1200
+    bob.cancel(job_id)

@@ -196,7 +196,8 @@ def test_zero_gpu_job_starts_and_no_gpus_reason() -> None:
     busy = [run(9, "h0", (0,))]
     assert started(schedule(NOW, [job(3, gpus=0)], busy, gpus(1, 1), PLAIN)) == [3]
     sick = [GPU(0, "x", "A100", host="h0", healthy=False), GPU(1, "y", "A100", host="h0", draining=True)]
-    assert schedule(NOW, [job(4)], [], sick, PLAIN).reasons[4] == "no GPUs on this server"
+    assert schedule(NOW, [job(4)], [], sick, PLAIN).reasons[4] == (
+        "every GPU here is draining or unhealthy (1 of 2 draining): it waits for one to be undrained or healthy again")
 
 
 def test_every_pending_job_has_a_reason_and_an_estimate() -> None:

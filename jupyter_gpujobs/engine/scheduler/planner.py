@@ -369,7 +369,7 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
             draining = [g for g in self.gpus if g.draining]  # (the others are unhealthy)
             self.plan.reasons[j.id] = ("no GPUs on this server" if not self.gpus else
                                        f"every GPU here is draining or unhealthy ({len(draining)} of {len(self.gpus)} "
-                                       "draining): it starts once an admin undrains one")
+                                       "draining): it waits for one to be undrained or healthy again")
         else:
             view = cl.views.get(j.gpu_type) or cl.view(j.gpu_type)
             if view.pids:
