@@ -94,3 +94,48 @@ def test_a_two_node_job_gets_both_nodes_and_a_gpu_on_each(cluster: TwoNodeCluste
     assert "NodeList=n[1-2]" in show and "NumNodes=2" in show, show
     lines = sorted(out.read_text().split("\n"))
     assert [line for line in lines if line] == ["n1 gpus=0", "n2 gpus=0"], out.read_text()
+
+
+def test_a_job_with_nodes_runs_on_both_nodes_through_the_engine(cluster: TwoNodeCluster, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nodes: 2` through the REST API and `-N 2` through the CLI reach sbatch as --nodes=2 with
+    the GPUs per node; the job shows the nodes it got."""
+    from servers import live_servers, wait_job
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env()["SLURM_CONF"])  # the server's Slurm commands
+    (tmp_path / "live").mkdir()
+    factory = live_servers(tmp_path / "live")
+    server = next(factory)(config={"runner": "slurm"}, extra_args=["--Slurm.poll_interval=0.25"])
+    try:
+        with server.client() as client:
+            job = client.submit('srun sh -c \'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\'', gpus=1,
+                                nodes=2, name="two-nodes")
+            assert job["nodes"] == 2
+            done = wait_job(client, job["id"], ("COMPLETED", "FAILED"), timeout=60)
+            assert done["state"] == "COMPLETED", done
+            assert done["host"] == "n[1-2]", done
+            log = client.log(job["id"])["data"]
+            assert sorted(line for line in log.splitlines() if line.startswith("on ")) == ["on n1 gpus=0",
+                                                                                           "on n2 gpus=0"], log
+        out = server.cli("submit", "-N", "2", "-g", "1", "--name", "cli-two", "hostname")
+        assert out.returncode == 0, out.stderr
+        slurm_job = subprocess.run(["squeue", "-h", "-t", "all", "-n", "cli-two", "-o", "%D"], capture_output=True,
+                                   text=True, env={**os.environ, **cluster.env()})
+        assert slurm_job.stdout.split()[:1] in (["2"], []), slurm_job.stdout  # (ended jobs may be gone)
+    finally:
+        next(factory, None)
+
+
+def test_the_local_runner_refuses_a_multi_node_job_naming_the_field(live_server: object) -> None:
+    from jupyter_gpujobs.client import GPUJobsError
+
+    server = live_server()  # type: ignore[operator]
+    with server.client() as client:
+        with pytest.raises(GPUJobsError) as err:
+            client.submit("true", gpus=1, nodes=2)
+        assert (err.value.status, err.value.field) == (400, "nodes")
+        assert "need the Slurm runner" in str(err.value)
+        with pytest.raises(GPUJobsError) as err:
+            client.submit("true", gpus=1, nodes="two")
+        assert (err.value.status, err.value.field) == (400, "nodes")
+        assert client.submit("true", gpus=1, nodes=1)["nodes"] == 1

@@ -120,7 +120,7 @@ class Access:
             "offpeak": job.offpeak, "array_job_id": job.array_job_id, "array_index": job.array_index,
             "restarts": job.restarts, "output_notebook": job.payload.get("output"),
             "ends_at": ends_at, "warn_at": warn_at, "mem_bytes": job.mem_bytes, "cpus": job.cpus,
-            "share": job.share, "gpu_memory": job.gpu_memory,
+            "share": job.share, "gpu_memory": job.gpu_memory, "nodes": job.nodes,
             # the signal asked for before the end (submitted as `signal`; "signal" is how a run ended)
             "warn_signal": job.warn_signal, "requeue": job.requeue, "max_requeues": job.max_requeues,
             "requeues": job.requeues,
@@ -178,7 +178,7 @@ PUBLIC_FIELDS = frozenset({
     "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
     "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "expected_start_kind", "priority",
     "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
-    "ends_at", "warn_at", "share", "gpu_memory", "held",
+    "ends_at", "warn_at", "share", "gpu_memory", "held", "nodes",
 })
 
 

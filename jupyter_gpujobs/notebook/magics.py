@@ -48,6 +48,7 @@ from ..model import (
     parse_gpu_memory,
     parse_gpus,
     parse_memory,
+    parse_nodes,
     parse_priority,
     parse_warn_signal,
 )
@@ -124,6 +125,8 @@ def job_options(args: Any) -> dict[str, Any]:
         if args.gpu_memory is not None:
             parse_gpu_memory(args.gpu_memory, "--gpu-mem")
             body["gpu_memory"] = args.gpu_memory
+        if getattr(args, "nodes", None) is not None:
+            body["nodes"] = parse_nodes(args.nodes)  # (the engine refuses more than one but under Slurm)
         if args.time is not None:
             parse_duration(args.time, "--time")
             body["time_limit"] = args.time
@@ -333,6 +336,7 @@ def _job_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
         argument("-g", "--gpus", default="1", help="number of GPUs (default 1; 0 for none), or a share of one "
                  "GPU, e.g. 0.25"),
         argument("--gpu-mem", dest="gpu_memory", default=None, help="GPU memory on one shared GPU, e.g. 20G"),
+        argument("-N", "--nodes", default=None, help="nodes of a multi-node job (Slurm runner), --gpus on each"),
         argument("-t", "--time", default=None, help="time limit, e.g. 30m, 2h (default: the server's)"),
         argument("--type", dest="gpu_type", default=None, help="GPU model, e.g. A100"),
         argument("--priority", default=None, help="low, normal, high or urgent"),

@@ -404,6 +404,7 @@ class Store:
         "reason": "", "run_seconds": 0.0, "restarts": 0, "borrowed": False, "preemptible": False,
         "requeue": True, "offpeak": False, "name": "", "kind": "script", "gpus": 1, "priority": "normal",
         "requeues": 0, "retries": 0, "retry_backoff_s": 30, "retry_oom": False, "held": False, "retried": 0,
+        "nodes": 1,
     }
 
     _JOB_COLUMNS = [c.name for c in JobRow.__table__.columns if c.name != "id"]

@@ -49,6 +49,7 @@ class JobRow(Base):
     cpus: Mapped[float | None] = mapped_column(Float, nullable=True)
     share: Mapped[float | None] = mapped_column(Float, nullable=True)  # revision 0005
     gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # revision 0011
     # revision 0010: a signal before the end ("USR1@300"), requeue at a time limit (`Job.max_requeues`)
     warn_signal: Mapped[str | None] = mapped_column(String(32), nullable=True)
     max_requeues: Mapped[int | None] = mapped_column(Integer, nullable=True)
