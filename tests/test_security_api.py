@@ -1,6 +1,8 @@
 """Trust between users of one shared engine (issue 34, part 2), as real Unix users against a
 real root engine (`tests/team.py`):
 
+- a job's working folder is looked at as its user: a link into another user's private folder
+  gets the answer of a missing folder; `~` is the submitting user's home, never root's;
 - a notebook job's notebook is looked at as its user, off the engine's loop, bounded in time
   and size: a huge sparse file, a FIFO, a device, a file only root may read, a file swapped
   for a FIFO while it is checked: each gets its answer at once, the same answer whatever root
@@ -20,6 +22,7 @@ import json
 import os
 import pwd
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -266,6 +269,64 @@ def test_a_notebook_swapped_for_a_fifo_while_checked_hangs_nothing(team: Team) -
         except OSError:
             pass
     cancel_all(team)
+
+
+@NEEDS_TEAM
+def test_a_cwd_behind_a_link_gets_the_answer_of_a_missing_one(team: Team) -> None:
+    """The engine checked a job's folder as root, following links: a link into another user's
+    0700 folder was accepted when the folder behind it existed and refused when it did not."""
+    s1 = team.servers[U1]
+    home = _files(team.base, U1)
+    theirs = _files(team.base, U2)  # 0700, U2's
+    (theirs / "exists").mkdir(exist_ok=True)
+    os.chown(theirs / "exists", pwd.getpwnam(U2).pw_uid, -1)
+    links = {"to-existing": theirs / "exists", "to-missing": theirs / "no-such-folder"}
+    for name, target in links.items():
+        if not (home / name).is_symlink():
+            os.symlink(target, home / name)
+            os.lchown(home / name, pwd.getpwnam(U1).pw_uid, -1)
+
+    def submit(cwd: str) -> httpx.Response:
+        return s1.api("POST", "jobs", json={"command": ["/bin/true"], "gpus": 0, "begin": "+1d", "cwd": cwd})
+
+    existing, absent = submit(str(home / "to-existing")), submit(str(home / "to-missing"))
+    direct = submit(str(theirs / "exists"))
+    assert (existing.status_code, absent.status_code, direct.status_code) == (400, 400, 400), existing.text
+    messages = [r.json()["message"].replace(path, "X") for r, path in
+                ((existing, str(home / "to-existing")), (absent, str(home / "to-missing")),
+                 (direct, str(theirs / "exists")))]
+    assert existing.json()["field"] == absent.json()["field"] == "cwd"
+    assert messages[0] == messages[1] == messages[2] == f"no such directory, or {U1} may not enter it: X"
+    ok = submit(str(home))
+    assert ok.status_code == 201, ok.text
+    cancel_all(team)
+
+
+@NEEDS_TEAM
+def test_a_tilde_is_the_submitting_users_home_not_roots(team: Team) -> None:
+    s1 = team.servers[U1]
+    pw = pwd.getpwnam(U1)
+    folder = Path(pw.pw_dir) / f"tilde-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    (folder / "good.ipynb").write_text(NOTEBOOK)
+    for path in (folder, folder / "good.ipynb"):
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    try:
+        r = s1.api("POST", "jobs", json={"command": ["/bin/true"], "gpus": 0, "begin": "+1d",
+                                         "cwd": f"~/{folder.name}"})
+        assert r.status_code == 201, r.text
+        assert s1.api("GET", f"jobs/{r.json()['id']}").json()["cwd"] == str(folder)
+        r = s1.api("POST", "jobs", json={"kind": "notebook", "gpus": 0, "begin": "+1d", "cwd": "~",
+                                         "payload": {"notebook": f"~/{folder.name}/good.ipynb"}})
+        assert r.status_code == 201, r.text
+        job = s1.api("GET", f"jobs/{r.json()['id']}").json()
+        assert job["payload"]["notebook"] == str(folder / "good.ipynb") and job["cwd"] == pw.pw_dir
+        r = s1.api("POST", "jobs", json={"command": ["/bin/true"], "gpus": 0, "cwd": "~no-such-user-xyz/a"})
+        assert r.status_code == 400 and r.json()["field"] == "cwd", r.text
+        assert "give an absolute path" in r.json()["message"]
+    finally:
+        cancel_all(team)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 @NEEDS_TEAM

@@ -1,10 +1,11 @@
 """Admission: a submission checked, stored and made an active job (request -> store).
 
 Owns the checks of a submission beyond its own fields (`validated`: the user's group, the
-quotas that would never let it start, dependencies, the working directory and the Unix user
-it runs as, limits this machine can enforce, a notebook's payload), the group commit of the
-submissions of one event-loop turn (`submit`, `store_submissions`) and the burst timer that
-gives a burst of submissions one scheduling cycle once it pauses.
+quotas that would never let it start, dependencies, the working directory (`~` is the job's
+user's home; the folder is looked at as them: `check_cwd`) and the Unix user it runs as,
+limits this machine can enforce, a notebook's payload), the group commit of the submissions
+of one event-loop turn (`submit`, `store_submissions`) and the burst timer that gives a burst
+of submissions one scheduling cycle once it pauses.
 
 It may call the store, `access.Access` (where a user's paths start), `inventory.Inventory`
 (the GPUs, the limits enforceable), `rules.Rules` (the policy in force), `events.Events`
@@ -27,11 +28,11 @@ from .access import Access
 from .events import Events
 from .inventory import Inventory
 from .rules import Rules
-from .runners.users import NotAUnixUser, can_enter, run_as
+from .runners.users import NotAUnixUser, expand_home, run_as
 from .scheduler.quotas import Quotas
 from .state import EXTERNAL_KINDS, EngineState
 from .store import NewJobs, StoreUnavailable
-from .userfiles import Bounds
+from .userfiles import Bounds, HelperFailed, check_directory
 from .userpolicy import check_priority, check_queue_caps
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -65,6 +66,8 @@ class Admission:
         then inserted in one transaction by `store_submissions`.
         """
         new = self.validated(user, body)
+        if new.specs:
+            await self.check_cwd(user, body.get("cwd"), new.specs[0]["cwd"])
         if new.specs and new.specs[0]["kind"] == "notebook":  # looked at as the user, off the loop
             await check_notebook_files(new.specs[0]["payload"], run_as(user, self.state.run_as_owner),
                                        self.input_bounds, self.state.job_python)
@@ -88,9 +91,6 @@ class Admission:
         if s.mirrored and fields["kind"] in EXTERNAL_KINDS and not fields["command"]:
             raise InvalidInput("command", "a GPU kernel under the Slurm runner runs as a Slurm job and needs "
                                           "its launch command (the GPU kernel provisioner gives it)")
-        if fields["nodes"] > 1 and not s.mirrored:
-            raise InvalidInput("nodes", f"asks for {fields['nodes']} nodes, but this server runs jobs on its own "
-                                        "GPUs (one host); multi-node jobs need the Slurm runner (c.GPUJobs.runner)")
         group = fields["group"]
         if group and s.group_members and user not in s.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
@@ -103,19 +103,15 @@ class Admission:
             if s.active_job(dep.job_id) is None and s.store.get(dep.job_id) is None:
                 raise InvalidInput("depends", f"no job {dep.job_id} to depend on")
         root = self.access.root_for(user)
-        fields["cwd"] = _resolve_cwd(fields["cwd"], str(root))
         try:
             unix_user = run_as(user, s.run_as_owner)
         except NotAUnixUser as err:
             raise InvalidInput("user", str(err)) from None
+        fields["cwd"] = _resolve_cwd(_at_home(fields["cwd"], unix_user, "cwd"), str(root))
         if unix_user is not None and not s.runner.runs_as_owner:
             raise InvalidInput("user", f"this engine runs as {_engine_user()} and its {s.runner.name} runner "
                                        f"would run the job as {_engine_user()}, not as {unix_user}: run the engine "
                                        "as the account that submits to the cluster (docs/slurm.md)")
-        if unix_user is not None and not can_enter(fields["cwd"], unix_user):
-            raise InvalidInput("cwd", f"cwd {fields['cwd']} is not accessible to {unix_user}")
-        if not os.path.isdir(fields["cwd"]):
-            raise InvalidInput("cwd", f"no such directory: {fields['cwd']}")
         memory_ok, cpu_ok = self.inventory.limits_enforceable()
         for key, ok, what in (("mem_bytes", memory_ok, "mem"), ("cpus", cpu_ok, "cpus")):
             if fields.get(key) is not None and not ok:
@@ -123,7 +119,11 @@ class Admission:
         if fields["kind"] == "notebook":
             from ..notebook.notebooks import check_notebook_payload
 
-            fields["payload"] = check_notebook_payload(fields["payload"], root)
+            payload = fields["payload"]
+            if isinstance(payload, dict):
+                payload = {**payload, **{key: _at_home(payload[key], unix_user, f"payload.{key}")
+                                         for key in ("notebook", "output") if isinstance(payload.get(key), str)}}
+            fields["payload"] = check_notebook_payload(payload, root)
         array = fields.pop("array")
         limit = fields.pop("array_max_running")
         base = {**fields, "user": user}
@@ -192,6 +192,26 @@ class Admission:
                                       "reason": "submitted"})
         return jobs
 
+    async def check_cwd(self, user: str, given: str | None, cwd: str) -> None:
+        """The job's working folder `cwd` (from `given`, as submitted) looked at as the Unix
+        user the job runs as, off the loop (`userfiles.check_directory`): it must be a folder
+        they may enter, and a relative `given` must stay inside their root once their symbolic
+        links are followed. A folder that is missing and one they may not reach get the same
+        answer, whatever root could see behind a link. Raises InvalidInput("cwd", ...)."""
+        unix_user = run_as(user, self.state.run_as_owner)
+        who = unix_user or _engine_user()
+        try:
+            real = await check_directory(unix_user, cwd, self.input_bounds, self.state.job_python)
+        except HelperFailed as err:
+            raise InvalidInput("cwd", f"could not check {cwd} as {who}: {err}") from None
+        if real is None:
+            raise InvalidInput("cwd", f"no such directory, or {who} may not enter it: {cwd}")
+        if given and not given.startswith(("/", "~")):
+            root = os.path.realpath(self.access.root_for(user))
+            if os.path.commonpath([root, real]) != root:
+                raise InvalidInput("cwd", f"{given[:200]!r} leads outside the server's root directory; give a "
+                                          "path inside it, or an absolute path")
+
     # ------------------------------------------------------------------ the cycle after a burst
 
     def _wake_after_burst(self) -> None:
@@ -223,23 +243,32 @@ class Admission:
 def _resolve_cwd(value: str | None, root_dir: str) -> str:
     """The working directory of a job as an absolute, normalised path.
 
-    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it
-    (after `..` and symbolic links are followed), as the Jupyter file browser does. An absolute
-    cwd is the user saying where they are (the CLI sends the shell's directory): it is accepted,
-    normalised, because the job runs as its owner, who may enter it or not (the service checks
-    that, and that it exists)."""
+    No cwd: the server's root. A relative cwd is taken from the root and must stay inside it,
+    as the Jupyter file browser does: here its `..`, and once the folder is looked at as the
+    user, its symbolic links (`Admission.check_cwd`). An absolute cwd is the user saying where
+    they are (the CLI sends the shell's directory): it is accepted, normalised, because the job
+    runs as its owner, who may enter it or not (`check_cwd` asks as them). Opens no file."""
     root = os.path.abspath(root_dir)
     if value is None or value == "":
         return root
     if os.path.isabs(value):
-        path = os.path.normpath(value)
-    else:
-        path = os.path.normpath(os.path.join(root, value))
-        real_root = os.path.realpath(root)
-        real = os.path.realpath(path)
-        if os.path.commonpath([real_root, real]) != real_root:
-            raise InvalidInput("cwd", f"{repr(value[:200])} leads outside the server's root directory; give a path "
-                                      "inside it, or an absolute path")
+        return os.path.normpath(value)
+    path = os.path.normpath(os.path.join(root, value))
+    if os.path.commonpath([root, path]) != root:
+        raise InvalidInput("cwd", f"{repr(value[:200])} leads outside the server's root directory; give a path "
+                                  "inside it, or an absolute path")
+    return path
+
+
+def _at_home(value: Any, unix_user: str | None, field: str) -> Any:
+    """A path given with a leading `~` made the home of the Unix user the job runs as (never
+    the root engine's own home); InvalidInput when it names no home here."""
+    if not isinstance(value, str) or not value.startswith("~"):
+        return value
+    path = expand_home(value, unix_user)
+    if path is None:
+        raise InvalidInput(field, f"{value[:200]!r}: no home folder here for {value.partition('/')[0]!r}; give an "
+                                  "absolute path")
     return path
 
 

@@ -1,5 +1,6 @@
-"""Looking at what a user names (a notebook to run, a folder to write to) as that user, never
-with the engine's (root's) rights, off the engine's event loop, bounded in time and size.
+"""Looking at what a user names (a notebook to run, a folder to write to, a job's working
+folder) as that user, never with the engine's (root's) rights, off the engine's event loop,
+bounded in time and size.
 
 A root engine must not open a path a user gave it: the user could name a FIFO or a device
 that never ends (every request of every user would wait), a huge sparse file (seconds of the
@@ -96,6 +97,13 @@ def folder(path, create):
     return "missing"
 
 
+def directory(path):
+    ok = os.path.isdir(path) and os.access(path, os.X_OK)
+    answer(directory="ok" if ok else "missing", real=os.path.realpath(path) if ok else "")
+
+
+if req.get("directory"):
+    directory(req["directory"])
 if req.get("notebook"):
     notebook(req["notebook"])
 out = {"notebook": "ok"}
@@ -280,4 +288,33 @@ async def check_notebook(unix_user: str | None, notebook: str, folder: str | Non
                            size=size if isinstance(size, int) else None, detail=str(answer.get("detail") or "")[:200])
 
 
-__all__ = ["Bounds", "HelperFailed", "NotebookVerdict", "check_notebook", "helper_python"]
+#: How long a user's folder found enterable is taken as such without asking again (seconds):
+#: a burst of submissions from one folder costs one helper.
+DIRECTORY_OK_S = 10.0
+_directories_ok: dict[tuple[str, str], tuple[float, str]] = {}
+
+
+async def check_directory(unix_user: str | None, path: str, bounds: Bounds = Bounds(),
+                          python: str = "") -> str | None:
+    """As `unix_user`: the real path (symbolic links followed as the user) of `path` when it
+    is a folder the user may enter, else None -- a folder that is missing, not a folder, or
+    behind a folder the user may not search, whatever root could see there. HelperFailed
+    when the helper gave no answer. A folder found enterable is remembered DIRECTORY_OK_S."""
+    key = (unix_user or "", path)
+    now = time.monotonic()
+    hit = _directories_ok.get(key)
+    if hit is not None and now - hit[0] < DIRECTORY_OK_S:
+        return hit[1]
+    answer = await _run_helper(unix_user, {"directory": path}, bounds, python)
+    verdict, real = answer.get("directory"), answer.get("real")
+    if verdict not in ("ok", "missing") or not isinstance(real, str):
+        raise HelperFailed("its answer named no verdict")
+    if verdict != "ok" or not os.path.isabs(real):
+        return None
+    if len(_directories_ok) > 10_000:
+        _directories_ok.clear()
+    _directories_ok[key] = (now, real)
+    return real
+
+
+__all__ = ["Bounds", "HelperFailed", "NotebookVerdict", "check_directory", "check_notebook", "helper_python"]

@@ -1,6 +1,8 @@
 """The Unix users jobs run as: whether a job's owner is one on this machine, whether the engine
-runs each job as its owner (`run_as_owner`), whether a folder is open to that user, and
-whether a user is in a Unix group (the shared engine's admins).
+runs each job as its owner (`run_as_owner`), whether a folder is open to that user (read from
+the mode bits; the engine's own check of a job's folder is made as the user, `userfiles`),
+where `~` is for that user (`expand_home`), and whether a user is in a Unix group (the shared
+engine's admins).
 
 Only a root engine can start a process as another user; a personal engine (not root) runs
 every job as itself, as before.
@@ -120,6 +122,23 @@ def can_enter(path: str, user: str) -> bool:
         if not st.st_mode & bit:
             return False
     return True
+
+
+def expand_home(path: str, unix_user: str | None) -> str | None:
+    """`path` with a leading `~` (or `~name`) made the home folder of `unix_user` (None: the
+    engine's own user, whom the job then runs as) or of `name`, never root's home for another
+    user's path; None when the user named has no home here. Other paths come back as given."""
+    if not path.startswith("~"):
+        return path
+    head, sep, rest = path.partition("/")
+    name = head[1:] or unix_user
+    if name is None:
+        home = os.path.expanduser("~")
+        return None if home == "~" else home + sep + rest
+    entry = lookup(name)
+    if entry is None or not entry.pw_dir:
+        return None
+    return entry.pw_dir.rstrip("/") + sep + rest if entry.pw_dir != "/" else "/" + rest
 
 
 def in_group(user: str, group: str) -> bool:
