@@ -87,3 +87,17 @@ def test_drain_and_undrain_from_the_cli(live_server: Any) -> None:
     assert out.returncode == 0 and "GPU 0 handed out again" in out.stdout, out
     assert wait_job(bob, job_id, ("COMPLETED",))["state"] == "COMPLETED"
     assert [g["draining"] for g in bob.gpus()] == [False]
+
+
+def test_out_of_memory_is_retried_only_when_asked(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xA100")
+    client = server.client()
+    hog = [PY, "-c", "x = bytearray(512 << 20); x[::4096] = b'1' * len(x[::4096]); print('fit')"]
+    plain = client.submit(hog, mem="64M", retries=2, retry_backoff="1s")["id"]
+    job = wait_job(client, plain, ("FAILED", "COMPLETED", "CANCELLED"))
+    assert job["state"] == "FAILED" and "memory" in job["reason"], job
+    assert (job["retried"], len(_runs(client, plain)[0])) == (0, 1)  # out of memory: not retried unless asked
+    asked = client.submit(hog, mem="64M", retries=1, retry_backoff="1s", retry_oom=True)["id"]
+    job = wait_job(client, asked, ("FAILED", "COMPLETED", "CANCELLED"))
+    assert (job["state"], job["retried"], len(_runs(client, asked)[0])) == ("FAILED", 1, 2), job
+    assert "memory" in _runs(client, asked)[1][0]["reason"]
