@@ -248,3 +248,50 @@ def test_slurm_gets_the_signal_and_requeue_in_its_own_form(tmp_path: Path) -> No
     assert "--signal=B:USR1@300" in args and "--requeue" in args
     plain = runner.sbatch_args(Job(id=6, user="ann", time_limit_s=600))
     assert not any(a.startswith(("--signal", "--requeue")) for a in plain)
+
+
+def test_gpujob_checkpoint_saves_at_the_signal_and_the_requeued_cell_starts_with_it(live_server: Any,
+                                                                                     tmp_path: Path) -> None:
+    from test_magics import Kernel
+
+    server = live_server(fake_gpus="1xA100", config={"kill_grace": 1})
+    kernel = Kernel(server, tmp_path)
+    try:
+        code = ("%%gpujob -t 8s --signal USR1@4s --checkpoint --pull step,runs\n"
+                "import time\n"
+                "runs = globals().get('runs', 0) + 1\n"
+                "step = globals().get('step', 0)\n"
+                "print('run', runs, 'from step', step, flush=True)\n"
+                "while runs == 1:  # the first run works until its limit stops it\n"
+                "    step += 1\n"
+                "    time.sleep(0.05)\n"
+                "step += 1000\n")
+        result = kernel.execute(code, timeout=90)
+        assert result["error"] is None, result
+        assert kernel.value("runs") == "2"
+        step = int(kernel.value("step"))
+        assert step > 1000, step  # the requeued run started from the saved step, not 0
+        with server.client() as client:
+            job = client.jobs()["jobs"][0]
+            log = client.log(job["id"])["data"]
+        assert job["state"] == "COMPLETED" and job["requeues"] == 1, job
+        assert "gpujobs: saved runs, step at SIGUSR1" in log, log
+        assert "run 2 of this cell starts with the variables the run before saved at its signal: runs, step" in log
+        assert f"run 2 from step {step - 1000}" in log and "run 1 from step 0" in log, log
+    finally:
+        kernel.close()
+
+
+def test_kernelspec_and_cli_carry_the_signal() -> None:
+    from jupyter_gpujobs.cli import _job_body, build_parser
+    from jupyter_gpujobs.jupyter.kernelspec import build_spec
+
+    wrapped = {"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "Python 3"}
+    spec = build_spec(wrapped, gpus=1, time_limit="4h", signal="USR1@10m")
+    assert spec["metadata"]["kernel_provisioner"]["config"]["signal"] == "USR1@600"
+    with pytest.raises(InvalidInput, match="ask for less than the limit"):
+        build_spec(wrapped, gpus=1, time_limit="5m", signal="USR1@10m")
+    args = build_parser().parse_args(["submit", "--signal", "B:USR1@5m", "--max-requeues", "2", "--requeue",
+                                      "--", "python", "train.py"])
+    body = _job_body(args)
+    assert body["signal"] == "B:USR1@5m" and body["requeue"] is True and body["max_requeues"] == 2
