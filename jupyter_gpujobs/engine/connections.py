@@ -114,14 +114,16 @@ _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 
 class RepeatFilter(logging.Filter):
     """Let a warning or error through once per `interval_s` for each shape of message (its
-    text with numbers masked, its logger, level and exception type); the first one after an
-    interval says how many were left out. Lower levels pass untouched."""
+    text, with numbers masked where `mask_numbers`: a duration, an fd, a port; its logger,
+    level and exception type); the first one after an interval says how many were left out.
+    Lower levels pass untouched."""
 
     def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                 min_level: int = logging.WARNING):
+                 min_level: int = logging.WARNING, mask_numbers: bool = True):
         super().__init__()
         self.interval_s = interval_s
         self.min_level = min_level
+        self.mask_numbers = mask_numbers
         self.clock = clock
         self._seen: dict[tuple[str, int, str, str], list[float]] = {}  # shape -> [since, left out]
 
@@ -133,7 +135,7 @@ class RepeatFilter(logging.Filter):
         except Exception:  # a record whose arguments do not fit: let logging report it
             return True
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
-        key = (record.name, record.levelno, _NUMBERS.sub("#", text)[:300], exc)
+        key = (record.name, record.levelno, (_NUMBERS.sub("#", text) if self.mask_numbers else text)[:300], exc)
         now = self.clock()
         entry = self._seen.get(key)
         if entry is not None and now - entry[0] < self.interval_s:
@@ -150,14 +152,21 @@ class RepeatFilter(logging.Filter):
 
 
 def install_repeat_filter(logger_names: Iterable[str], interval_s: float = 60.0) -> RepeatFilter:
-    """One RepeatFilter on each named logger (once: a second call adds none); tornado's
+    """One RepeatFilter on each named logger (once: a second call adds none). The engine's own
+    lines are repeats only when their text is the same (a job id makes another line); tornado's
     connection notes ("Timeout reading body from ...", one per closed connection) are kept
     down from INFO on."""
     shared = RepeatFilter(interval_s)
     for name in logger_names:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, RepeatFilter) for f in logger.filters):
-            logger.addFilter(RepeatFilter(interval_s, min_level=logging.INFO) if name == "tornado.general" else shared)
+        if any(isinstance(f, RepeatFilter) for f in logger.filters):
+            continue
+        if name == "jupyter_gpujobs":
+            logger.addFilter(RepeatFilter(interval_s, mask_numbers=False))
+        elif name == "tornado.general":
+            logger.addFilter(RepeatFilter(interval_s, min_level=logging.INFO))
+        else:
+            logger.addFilter(shared)
     return shared
 
 
