@@ -27,12 +27,18 @@ from .userfiles import helper_python
 
 log = logging.getLogger("jupyter_gpujobs")
 
-#: What the helper runs: removes each folder named on its command line (a link is left alone).
+#: What the helper runs: removes each folder named on its command line; a link in a folder's
+#: place is removed itself, never followed (shutil.rmtree follows none inside either).
 REMOVE = """
 import os, shutil, sys
 for path in sys.argv[1:]:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
+    try:
+        if os.path.islink(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass
 """
 #: The most folders one helper is given, and its time.
 BATCH = 200
