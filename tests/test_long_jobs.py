@@ -295,3 +295,28 @@ def test_kernelspec_and_cli_carry_the_signal() -> None:
                                       "--", "python", "train.py"])
     body = _job_body(args)
     assert body["signal"] == "B:USR1@5m" and body["requeue"] is True and body["max_requeues"] == 2
+
+
+def test_a_lost_run_is_requeued_with_its_checkpoint(live_server: Any) -> None:
+    """Its supervisor killed (as a node or the machine failing would): the run is lost, and a
+    job with requeue goes back to the queue and its next run finds what the first saved."""
+    import os
+    import signal as signals
+
+    server = live_server(fake_gpus="1xA100", config={"kill_grace": 1})
+    client = GPUJobsClient(url=server.url, token=server.token)
+    code = ("import sys, time\nfrom jupyter_gpujobs import checkpoint\n"
+            "state = checkpoint.folder() / 'state'\n"
+            "if state.exists():\n    print('found', state.read_text(), flush=True); sys.exit(0)\n"
+            "state.write_text('first run'); print('saved', flush=True); time.sleep(120)\n")
+    job = client.submit([PY, "-c", code], gpus=1, time_limit="5m", requeue=True)
+    wait_job(client, job["id"], lambda j: "saved" in client.log(j["id"])["data"])
+    (state,) = list(Path(server.state_dir).rglob(f"job-{job['id']}-*/state.json"))
+    os.kill(json.loads(state.read_text())["shim_pid"], signals.SIGKILL)
+    done = wait_job(client, job["id"], lambda j: j["state"] not in ("PENDING", "RUNNING") or j["requeues"], timeout=60)
+    assert done["requeues"] == 1, done
+    done = wait_job(client, job["id"], lambda j: j["state"] not in ("PENDING", "RUNNING"), timeout=60)
+    assert done["state"] == "COMPLETED", done
+    assert "found first run" in client.log(job["id"])["data"]
+    requeued = [e["reason"] for e in client.events(job["id"]) if e["state"] == "PENDING"][1]
+    assert requeued.startswith("requeued (") and "requeue 1 of at most 3" in requeued, requeued
