@@ -109,6 +109,8 @@ def test_a_used_up_group_budget_holds_its_jobs_warns_and_outlives_a_restart(live
 
     # every admin action is audited: who, what, before and after; only admins read it
     c["admin"].set_quota("users", "bob", {"max_gpus": 1})
+    made = c["admin"].reserve(1, "+2h", "1h", users=["alice"], name="demo")
+    c["admin"].delete_reservation(made["id"])
     c["admin"]._call("POST", "gpus/drain", body={"gpu": 1, "draining": True, "reason": "test"})
     c["admin"]._call("POST", "gpus/drain", body={"gpu": 1, "draining": False})
     blocker = c["alice"].submit("sleep 60", gpus=0, name="blocker")
@@ -124,6 +126,9 @@ def test_a_used_up_group_budget_holds_its_jobs_warns_and_outlives_a_restart(live
     ]
     actions = {(r["action"], r["target"]) for r in rows}
     assert {("quota", "user:bob"), ("cancel", f"job:{blocker['id']}"), ("drain", "gpu:localhost:1")} <= actions, actions
+    reservations = [(r["target"], r["before"] is None, r["after"] is None) for r in rows if r["action"] == "reservation"]
+    assert reservations == [(f"reservation:{made['id']}", False, True), (f"reservation:{made['id']}", True, False)]
+    assert next(r for r in rows if r["action"] == "reservation")["before"]["users"] == ["alice"]
     drains = [(r["before"], r["after"]) for r in rows if r["action"] == "drain"]
     assert drains == [({"draining": True}, {"draining": False, "reason": ""}),
                       ({"draining": False}, {"draining": True, "reason": "test"})]
