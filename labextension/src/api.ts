@@ -290,6 +290,8 @@ export interface ISubmitNotebook {
   signal?: string;
   /** back to the queue at the time limit (and after a preemption): resumes after its last completed cell */
   requeue?: boolean;
+  /** nodes of a multi-node job, `gpus` on each (the Slurm runner only; otherwise a 400 naming nodes) */
+  nodes?: number;
   payload: { notebook: string; parameters: { [key: string]: any } };
 }
 

@@ -19,6 +19,8 @@ export interface ISubmitValues {
   parameters: string;
   signal: string;
   requeue: boolean;
+  /** nodes of a multi-node job (Slurm runner only); empty or 1: one node */
+  nodes?: string;
 }
 
 const PRIORITIES = ['low', 'normal', 'high', 'urgent'];
@@ -66,6 +68,9 @@ class SubmitForm extends Widget {
     this._gpus = input('number', values.gpus);
     this._gpus.min = '0';
     this._gpus.max = '64';
+    this._nodes = input('number', values.nodes ?? '1');
+    this._nodes.min = '1';
+    this._nodes.title = 'More than one only on a server that hands its jobs to Slurm: GPUs on each node';
     this._type = document.createElement('select');
     for (const t of ['', ...types]) {
       const opt = document.createElement('option');
@@ -101,6 +106,7 @@ class SubmitForm extends Widget {
       form,
       [
         { field: 'gpus', label: 'GPUs', control: this._gpus },
+        { field: 'nodes', label: 'Nodes', control: this._nodes },
         { field: 'gpu_type', label: 'GPU type', control: this._type },
         { field: 'time_limit', label: 'Time limit', control: this._time },
         { field: 'priority', label: 'Priority', control: this._priority },
@@ -128,11 +134,13 @@ class SubmitForm extends Widget {
       name: this._name.value,
       parameters: this._params.value,
       signal: this._signal.value,
-      requeue: this._requeue.checked
+      requeue: this._requeue.checked,
+      nodes: this._nodes.value
     };
   }
 
   private _gpus: HTMLInputElement;
+  private _nodes: HTMLInputElement;
   private _type: HTMLSelectElement;
   private _time: HTMLInputElement;
   private _priority: HTMLSelectElement;
@@ -168,6 +176,13 @@ export function buildRequest(path: string, v: ISubmitValues): ISubmitNotebook {
   }
   if (v.requeue) {
     request.requeue = true;
+  }
+  const nodes = Number((v.nodes ?? '').trim() || '1');
+  if (!Number.isInteger(nodes) || nodes < 1) {
+    throw new APIError(`expected a whole number of nodes, got "${v.nodes}"`, 400, 'nodes');
+  }
+  if (nodes > 1) {
+    request.nodes = nodes;
   }
   return request;
 }
