@@ -74,8 +74,10 @@ def test_a_held_job_never_starts_while_gpus_are_free_and_starts_at_release(live_
     assert page["held"] == 2 and {j["id"]: j["state"] for j in page["jobs"]} == {held: "HELD", held_at_submit: "HELD"}
     # the CLI's tables and the notebook's widgets say HELD
     assert describe(bob.job(held)) == f"job {held} HELD: it starts once released (jupyter gpujobs release {held})"
-    out = server.cli("list", "--all")
+    out = server.cli("list", "--all", "--state", "HELD")
     assert out.returncode == 0 and f"{held}" in out.stdout and "HELD" in out.stdout, out
+    assert sorted(j["id"] for j in bob.jobs(state="HELD")["jobs"]) == sorted([held, held_at_submit])
+    assert {held, held_at_submit} <= {j["id"] for j in bob.jobs(state="PENDING")["jobs"]}  # still pending, held
 
     # held across a restart (the store keeps it)
     server.kill()

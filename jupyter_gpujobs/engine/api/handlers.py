@@ -25,7 +25,7 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from sqlalchemy.exc import SQLAlchemyError
 from tornado import web, websocket
 
-from ...model import JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
+from ...model import HELD, JOB_KINDS, MAX_ID, InvalidInput, JobState, check_plain_text, parse_id
 from ..errors import Conflict, NotFound, PermissionDenied, StoreUnavailable
 from ..monitor import may_see
 from ..notify import Notifier
@@ -282,8 +282,9 @@ class JobsHandler(GPUJobsHandler):
     async def get(self) -> None:
         states = [s for s in self.get_argument("state", "").upper().split(",") if s]
         for s in states:
-            if s not in JobState.__members__:
-                raise ApiError(400, "state", f"unknown state {s!r}; states are {', '.join(JobState.__members__)}")
+            if s not in JobState.__members__ and s != HELD:
+                raise ApiError(400, "state", f"unknown state {s!r}; states are {', '.join(JobState.__members__)}, "
+                                             f"{HELD}")
         limit = self.int_arg("limit", 100, low=1, high=1000)
         cursor = self.int_arg("cursor", None, low=1)
         user = self.text_arg("user")

@@ -25,7 +25,7 @@ from sqlalchemy import Table, and_, create_engine, event, func, insert, or_, sel
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from ...model import Dependency, Job, JobState, Reservation
+from ...model import HELD, Dependency, Job, JobState, Reservation
 from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, ReservationRow, UsageRow
 
 __all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "StoreUnreachable",
@@ -490,10 +490,13 @@ class Store:
         cursor: int | None = None,
         kind: str | None = None,
     ) -> tuple[list[Job], int | None]:
-        """Newest first. `cursor` is the id to continue below; returns (jobs, next cursor)."""
+        """Newest first. `cursor` is the id to continue below; returns (jobs, next cursor).
+        `state` may name HELD: the pending jobs that are held (PENDING: all pending jobs)."""
         q = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
         if state:
-            q = q.where(JobRow.state.in_([JobState(s).value for s in state]))
+            plain = [JobState(s).value for s in state if s != HELD]
+            held = (JobRow.state == JobState.PENDING.value) & JobRow.held.is_(True)
+            q = q.where(or_(JobRow.state.in_(plain), held) if HELD in state else JobRow.state.in_(plain))
         if user:
             q = q.where(JobRow.user == user)
         if kind:
