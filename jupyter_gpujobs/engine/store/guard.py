@@ -120,7 +120,8 @@ class EngineLock:
                 return
             holder = conn.execute(text(
                 "SELECT a.application_name, a.client_addr FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE l.locktype = 'advisory' AND l.granted AND l.objid = :lo AND l.classid = :hi"),
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.objid = :lo AND l.classid = :hi "
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"),
                 {"lo": PG_LOCK_KEY & 0xFFFFFFFF, "hi": PG_LOCK_KEY >> 32}).first()
         finally:
             if self._conn is None:
