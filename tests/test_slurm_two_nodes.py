@@ -108,12 +108,17 @@ def test_a_job_with_nodes_runs_on_both_nodes_through_the_engine(cluster: TwoNode
     server = next(factory)(config={"runner": "slurm"}, extra_args=["--Slurm.poll_interval=0.25"])
     try:
         with server.client() as client:
-            job = client.submit('srun sh -c \'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\'', gpus=1,
-                                nodes=2, name="two-nodes")
+            go = tmp_path / "go"
+            job = client.submit('srun sh -c \'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\'; '
+                                f'while [ ! -e {go} ]; do sleep 0.1; done', gpus=1, nodes=2, name="two-nodes")
             assert job["nodes"] == 2
+            wait_job(client, job["id"], ("RUNNING",), timeout=60)
+            go.touch()
             done = wait_job(client, job["id"], ("COMPLETED", "FAILED"), timeout=60)
             assert done["state"] == "COMPLETED", done
             assert done["host"] == "n[1-2]", done
+            reasons = [e["reason"] for e in client.events(job["id"]) if e["state"] == "RUNNING"]
+            assert any(r.startswith("started by Slurm on n1, GPU 0; n2, GPU 0") for r in reasons), reasons
             log = client.log(job["id"])["data"]
             assert sorted(line for line in log.splitlines() if line.startswith("on ")) == ["on n1 gpus=0",
                                                                                            "on n2 gpus=0"], log

@@ -214,6 +214,8 @@ class Mirror:
         s = self.state
         node = st.node or "?"
         where = f"{node}, GPU {','.join(map(str, st.gpus))}" if st.gpus else node
+        if st.per_node:  # a multi-node job: its GPUs per node
+            where = "; ".join(f"{n}, GPU {','.join(map(str, g))}" if g else n for n, g in st.per_node)
         reason = f"started by Slurm on {where} (Slurm job {st.slurm_id})"
         at = float(st.started_at or s.clock())
         try:

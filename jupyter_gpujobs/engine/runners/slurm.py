@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -113,6 +114,8 @@ class SlurmState:
     gpus: tuple[int, ...] = ()
     started_at: float | None = None
     exit: Exit | None = None  # ENDED: how
+    # a multi-node job: each node with its GPU indices ("n1", (0,)), in Slurm's node order
+    per_node: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 class SlurmError(RuntimeError):
@@ -366,9 +369,10 @@ class SlurmRunner(Runner):
             gpus = _gpu_indices(rec.get("gres_detail") or [])
             return SlurmState(job_id, sid, "RUNNING", node=str(rec.get("nodes") or "") or None,
                               gpus=gpus or self._started_on(job_id)[1],
-                              started_at=rec.get("start_time") or None)
+                              started_at=rec.get("start_time") or None, per_node=_per_node(rec))
         node, gpus = self._started_on(job_id)
         return SlurmState(job_id, sid, "ENDED", node=str(rec.get("nodes") or "") or node, gpus=gpus,
+                          per_node=_per_node(rec),
                           started_at=rec.get("start_time") or None,
                           exit=self._exit(job_id, sid, state, code, int(rec.get("exit_code") or 0),
                                           float(rec.get("end_time") or time.time())))
@@ -475,6 +479,34 @@ def _in_task_string(index: int, text: str) -> bool:
         elif part.isdigit() and int(part) == index:
             return True
     return False
+
+
+def _per_node(rec: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A multi-node job's GPU indices per node, from squeue's `nodes` and `gres_detail` (one
+    entry per node, in the node list's order); () for a job on one node."""
+    names = expand_nodes(str(rec.get("nodes") or ""))
+    detail = rec.get("gres_detail") or []
+    if len(names) < 2 or len(detail) != len(names):
+        return ()
+    return tuple((n, _gpu_indices([d])) for n, d in zip(names, detail))
+
+
+def expand_nodes(text: str) -> list[str]:
+    """Slurm's node list in full: 'n[1-3,7],gpu5' -> ['n1', 'n2', 'n3', 'n7', 'gpu5'] (one
+    bracket per name, as Slurm writes them; zero padding kept: 'n[08-10]' -> n08, n09, n10)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            a, _, b = part.partition("-")
+            if not b:
+                out.append(prefix + a)
+            elif a.isdigit() and b.isdigit():
+                out.extend(f"{prefix}{i:0{len(a)}d}" for i in range(int(a), int(b) + 1))
+    return out
 
 
 def _gpu_indices(gres_detail: Sequence[str]) -> tuple[int, ...]:
