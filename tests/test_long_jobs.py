@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,39 @@ def test_a_lost_run_is_requeued_with_its_checkpoint(live_server: Any) -> None:
     assert "found first run" in client.log(job["id"])["data"]
     requeued = [e["reason"] for e in client.events(job["id"]) if e["state"] == "PENDING"][1]
     assert requeued.startswith("requeued (") and "requeue 1 of at most 3" in requeued, requeued
+
+
+@pytest.fixture
+def gpu_kernels() -> Iterator[Any]:
+    """GPU kernels through a live server's REST API (test_provisioner's Kernels), closed after."""
+    from test_provisioner import Kernels
+
+    made: list[Any] = []
+    yield lambda server: made.append(Kernels(server)) or made[-1]
+    for k in made:
+        k.close()
+
+
+def test_a_gpu_kernelspecs_signal_reaches_the_kernel_before_its_limit(live_server: Any, gpu_kernels: Any,
+                                                                      tmp_path: Path) -> None:
+    """`kernelspec install --signal USR1@5s`: the kernel learns its signal (GPUJOBS_SIGNAL), and
+    a handler it registered with jupyter_gpujobs.checkpoint runs about 5 s before its limit."""
+    from servers import wait_until
+    from test_provisioner import LEAN, install_spec, kernel_jobs
+
+    server = live_server(fake_gpus="1xA100", start=False, extra_args=LEAN)
+    install_spec(server, "gpu-signal", "--time", "20s", "--signal", "USR1@5s")
+    server.start()
+    client = server.client()
+    k = gpu_kernels(server)
+    kernel = k.start_ok("gpu-signal")
+    marker = tmp_path / "signalled"
+    k.run_cell(kernel, "import time\nfrom jupyter_gpujobs import checkpoint\n"
+                       f"checkpoint.on_signal(lambda: open({str(marker)!r}, 'w').write(repr(time.time())))\n"
+                       "print(checkpoint.signal_name(), checkpoint.signal_before())")
+    job = kernel_jobs(client)[0]
+    assert job["warn_signal"] == "USR1@5"
+    wait_until(marker.exists, 30, "the kernel's handler ran")
+    early = job["ends_at"] - float(marker.read_text())
+    assert 3 <= early <= 7, f"USR1 came {early:.1f}s before the limit"
+    assert kernel in k.ids(), "the kernel handled the signal and runs on to its limit"

@@ -207,7 +207,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "priority": parse_priority(self.priority or "normal"),
                 "idle_timeout": _optional_duration(self.idle_timeout, "idle_timeout"),
                 "max_wait": _optional_duration(self.max_wait, "max_wait"),
-                "signal": parse_warn_signal(self.signal, None, "signal").text() if self.signal else None,
+                # a signal before the time limit (`--signal USR1@5m`), only when the kernelspec asks
+                **({"signal": parse_warn_signal(self.signal, None, "signal").text()} if self.signal else {}),
             }
         except InvalidInput as err:
             raise GPUKernelStartError(f"kernelspec {self._spec_name()!r}: {err}", 400) from None
@@ -283,7 +284,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 gpus=settings["share"] if settings["share"] is not None else settings["gpus"],
                 gpu_memory=f"{settings['gpu_memory'] >> 20}M" if settings["gpu_memory"] is not None else None,
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
-                priority=settings["priority"], signal=settings["signal"],
+                priority=settings["priority"], signal=settings.get("signal"),
                 payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid(),
                          # the engine reclaims an idle kernel whose server is gone
                          "idle_timeout": settings["idle_timeout"]},
