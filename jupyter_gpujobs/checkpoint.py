@@ -112,14 +112,16 @@ def on_signal(save: Callable[[], Any] | None = None, sig: int | str | None = Non
                 save(); break
 
     Python runs a handler in the main thread between two bytecodes, so `save` runs in the
-    middle of whatever the program did then. A job that asked for no signal gets nothing
-    (ValueError when `sig` is not given either)."""
+    middle of whatever the program did then. In a job that asked for no signal (and no `sig`)
+    it raises ValueError; outside a job it registers `save` and returns."""
     global _installed
     number = _signal_number(sig if sig is not None else signal_name())
-    if number is None:
-        raise ValueError("this job asked for no signal before its end (submit it with --signal USR1@5m)")
     if save is not None:
         _handlers.append(save)
+    if number is None:
+        if not in_job():
+            return  # (a laptop: no end comes, so no signal either)
+        raise ValueError("this job asked for no signal before its end (submit it with --signal USR1@5m)")
     if _installed != number:
         signal.signal(number, _on_signal)
         _installed = number
