@@ -276,25 +276,23 @@ def test_a_cwd_behind_a_link_gets_the_answer_of_a_missing_one(team: Team) -> Non
     """The engine checked a job's folder as root, following links: a link into another user's
     0700 folder was accepted when the folder behind it existed and refused when it did not."""
     s1 = team.servers[U1]
-    home = _files(team.base, U1)
-    theirs = _files(team.base, U2)  # 0700, U2's
-    (theirs / "exists").mkdir(exist_ok=True)
-    os.chown(theirs / "exists", pwd.getpwnam(U2).pw_uid, -1)
-    links = {"to-existing": theirs / "exists", "to-missing": theirs / "no-such-folder"}
+    home, theirs = team.servers[U1].home, team.servers[U2].home  # each 0700, its user's
+    assert theirs.stat().st_mode & 0o777 == 0o700
+    tag = uuid.uuid4().hex[:8]
+    (theirs / f"exists-{tag}").mkdir()
+    os.chown(theirs / f"exists-{tag}", pwd.getpwnam(U2).pw_uid, -1)
+    links = {"to-existing": theirs / f"exists-{tag}", "to-missing": theirs / f"no-such-folder-{tag}"}
     for name, target in links.items():
-        if not (home / name).is_symlink():
-            os.symlink(target, home / name)
-            os.lchown(home / name, pwd.getpwnam(U1).pw_uid, -1)
+        os.symlink(target, home / f"{name}-{tag}")
+        os.lchown(home / f"{name}-{tag}", pwd.getpwnam(U1).pw_uid, -1)
 
     def submit(cwd: str) -> httpx.Response:
         return s1.api("POST", "jobs", json={"command": ["/bin/true"], "gpus": 0, "begin": "+1d", "cwd": cwd})
 
-    existing, absent = submit(str(home / "to-existing")), submit(str(home / "to-missing"))
-    direct = submit(str(theirs / "exists"))
+    paths = [str(home / f"to-existing-{tag}"), str(home / f"to-missing-{tag}"), str(theirs / f"exists-{tag}")]
+    existing, absent, direct = (submit(path) for path in paths)
     assert (existing.status_code, absent.status_code, direct.status_code) == (400, 400, 400), existing.text
-    messages = [r.json()["message"].replace(path, "X") for r, path in
-                ((existing, str(home / "to-existing")), (absent, str(home / "to-missing")),
-                 (direct, str(theirs / "exists")))]
+    messages = [r.json()["message"].replace(path, "X") for r, path in zip((existing, absent, direct), paths)]
     assert existing.json()["field"] == absent.json()["field"] == "cwd"
     assert messages[0] == messages[1] == messages[2] == f"no such directory, or {U1} may not enter it: X"
     ok = submit(str(home))
