@@ -109,8 +109,9 @@ def test_a_job_with_nodes_runs_on_both_nodes_through_the_engine(cluster: TwoNode
     try:
         with server.client() as client:
             go = tmp_path / "go"
-            job = client.submit('srun sh -c \'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\'; '
-                                f'while [ ! -e {go} ]; do sleep 0.1; done', gpus=1, nodes=2, name="two-nodes")
+            script = (f'srun sh -c \'echo "on $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"\'; '
+                      f'while [ ! -e {go} ]; do sleep 0.1; done')
+            job = client.submit(["sh", "-c", script], gpus=1, nodes=2, name="two-nodes")
             assert job["nodes"] == 2
             wait_job(client, job["id"], ("RUNNING",), timeout=60)
             go.touch()
@@ -119,6 +120,15 @@ def test_a_job_with_nodes_runs_on_both_nodes_through_the_engine(cluster: TwoNode
             assert done["host"] == "n[1-2]", done
             reasons = [e["reason"] for e in client.events(job["id"]) if e["state"] == "RUNNING"]
             assert any(r.startswith("started by Slurm on n1, GPU 0; n2, GPU 0") for r in reasons), reasons
+            # its GPUs on both nodes count: the export's GPU-hours are the usage report's
+            until = time.time()
+            report = client.accounting(since=done["submitted_at"] - 1, until=until)
+            rec = next(r for r in report["records"] if r["job_id"] == job["id"])
+            assert rec["nodes"] == 2 and rec["gpu_hours"] > 0, rec
+            usage = client._call("GET", "usage", params={"since": done["submitted_at"] - 1, "until": until})
+            assert report["total_gpu_hours"] == pytest.approx(usage["total_gpu_hours"], abs=1e-3)
+            run_s = done["ended_at"] - done["started_at"]
+            assert rec["gpu_hours"] == pytest.approx(2 * run_s / 3600, rel=0.05, abs=1e-4)  # two GPUs, one a node
             log = client.log(job["id"])["data"]
             assert sorted(line for line in log.splitlines() if line.startswith("on ")) == ["on n1 gpus=0",
                                                                                            "on n2 gpus=0"], log

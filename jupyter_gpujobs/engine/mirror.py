@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..model import GPU, Job, JobState, Plan, Reasons
 from .runners import Exit, LaunchRequest
 from .scheduler.deferral import as_clock, next_offpeak
+from .store import accounting
 
 if TYPE_CHECKING:
     from .cycle import Cycle
@@ -218,14 +219,20 @@ class Mirror:
             where = "; ".join(f"{n}, GPU {','.join(map(str, g))}" if g else n for n, g in st.per_node)
         reason = f"started by Slurm on {where} (Slurm job {st.slurm_id})"
         at = float(st.started_at or s.clock())
+        gpus = [] if st.per_node else [(i, f"slurm:{node}:{i}") for i in st.gpus]
         try:
-            started = s.store.start(job.id, node, [(i, f"slurm:{node}:{i}") for i in st.gpus], at,
-                                    actor="runner", reason=reason)
+            started = s.store.start(job.id, node, gpus, at, actor="runner", reason=reason)
         except Exception as err:  # a stale allocation in the store: record the start without GPUs
             log.warning("gpujobs: job %s: %s", job.id, err)
             started = s.store.start(job.id, node, [], at, actor="runner", reason=reason)
         if started is None:
             return
+        if st.per_node:  # a multi-node job's GPUs on each node, for accounting and budgets
+            try:
+                accounting.add_allocations(s.store, job.id, [(n, i, f"slurm:{n}:{i}") for n, g in st.per_node
+                                                             for i in g], at)
+            except Exception as err:  # a stale allocation in the store: the job runs on, uncounted
+                log.warning("gpujobs: job %s: %s", job.id, err)
         s.keep(started)
         self._reasons.pop(job.id, None)
         self._expected.pop(job.id, None)

@@ -90,6 +90,15 @@ def charged_spans(store: Store, since: float, until: float, now: float
     return out
 
 
+@_writes
+def add_allocations(store: Store, job_id: int, gpus: list[tuple[str, int, str]], now: float) -> None:
+    """Allocations of a job on several hosts (a multi-node job under Slurm: (node, GPU index,
+    uuid) each), as `Store.start` records one host's; released with the job's end."""
+    with store._session.begin() as s:
+        for host, index, uuid in gpus:
+            s.add(AllocationRow(job_id=job_id, host=host, gpu_index=index, gpu_uuid=uuid, started_at=now))
+
+
 # ----------------------------------------------------------------------------- audit
 
 
@@ -116,7 +125,7 @@ def list_audit(store: Store, since: float, until: float, action: str | None = No
 
 # ----------------------------------------------------------------------------- accounting records
 
-RECORD_FIELDS = ("job_id", "user", "group", "name", "state", "gpus", "gpu_type", "gpu_models", "share",
+RECORD_FIELDS = ("job_id", "user", "group", "name", "state", "nodes", "gpus", "gpu_type", "gpu_models", "share",
                  "gpu_hours", "memory_max_mb", "wait_s", "submitted_at", "started_at", "ended_at", "host")
 
 
@@ -151,7 +160,7 @@ def job_records(store: Store, since: float, until: float, now: float) -> list[di
     for job, memory_max in sorted(rows, key=lambda r: r[0].id):
         out.append({
             "job_id": job.id, "user": job.user, "group": job.group, "name": job.name, "state": job.state,
-            "gpus": job.gpus, "gpu_type": job.gpu_type,
+            "nodes": job.nodes or 1, "gpus": job.gpus, "gpu_type": job.gpu_type,
             "gpu_models": sorted({models.get(u, "unknown") for u in uuids.get(job.id, ())}),
             "share": job.share, "gpu_hours": round(seconds.get(job.id, 0.0) / 3600.0, 6),
             "memory_max_mb": memory_max,
@@ -175,5 +184,5 @@ def records_csv(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-__all__ = ["BUDGET_FIELDS", "RECORD_FIELDS", "add_audit", "charged_spans", "job_records", "list_audit",
+__all__ = ["BUDGET_FIELDS", "RECORD_FIELDS", "add_allocations", "add_audit", "charged_spans", "job_records", "list_audit",
            "load_budgets", "records_csv", "set_budget", "set_budget_warned"]
