@@ -541,9 +541,13 @@ def jobs_like(store: Store, user: str, name: str, ended_by: float, limit: int = 
     from . import _to_job
 
     finals = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"]
-    ended = func.coalesce(JobRow.ended_at, 0.0)
-    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.state.in_(finals), ended <= ended_by)
-         .order_by(ended.desc(), JobRow.id.desc()).limit(limit))
+    # every ended job has its end time (a NULL one never matches <=), so the latest come straight
+    # off the index on (user, name, ended_at): the monitor asks this at every job's end, and
+    # sorting all of a user's same-named jobs took 16 ms with 5,000 of them (bench_dispatch and
+    # chaos_load run arrays of one name)
+    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.ended_at <= ended_by,
+                              JobRow.state.in_(finals))
+         .order_by(JobRow.ended_at.desc(), JobRow.id.desc()).limit(limit))
     with store.session() as s:
         return [_to_job(r) for r in s.scalars(q).all()]
 

@@ -76,6 +76,9 @@ class JobRow(Base):
     runner_handle: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
 
+    # revision 0012: a user's latest ended jobs of one name, which the monitor reads at each end
+    __table_args__ = (Index("ix_jobs_user_name_ended", "user", "name", "ended_at"),)
+
 
 class EventRow(Base):
     __tablename__ = "events"
