@@ -91,6 +91,9 @@ class Admission:
         if s.mirrored and fields["kind"] in EXTERNAL_KINDS and not fields["command"]:
             raise InvalidInput("command", "a GPU kernel under the Slurm runner runs as a Slurm job and needs "
                                           "its launch command (the GPU kernel provisioner gives it)")
+        if fields["nodes"] > 1 and not s.mirrored:
+            raise InvalidInput("nodes", f"asks for {fields['nodes']} nodes, but this server runs jobs on its own "
+                                        "GPUs (one host); multi-node jobs need the Slurm runner (c.GPUJobs.runner)")
         group = fields["group"]
         if group and s.group_members and user not in s.group_members.get(group, []):
             raise InvalidInput("group", f"user {user} is not a member of group {group!r}")
