@@ -1,8 +1,7 @@
 """The CLI's commands for the people who run the machine (issue 30): `budget` (GPU-hour
 budgets: list, set, clear), `audit` (the audit trail of admin actions) and `accounting`
 (per-job records of a period as CSV or JSON, as `sacct` gives them). cli.py mounts them
-(`add_parsers`, `run`; imported once cli.py is loaded); they call the client, and the
-store's CSV form of the records.
+(`add_parsers`, `run`); they call the client, and the store's CSV form of the records.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from .cli import UsageError
+from .cli_usage import UsageError
 
 COMMANDS = ("budget", "audit", "accounting")
 

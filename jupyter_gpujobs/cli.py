@@ -23,12 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .cli_usage import UsageError
 from .client import GPUJobsClient, GPUJobsError
 from .model import InvalidInput, format_duration, format_expected_start, format_relative, safe_text
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):

@@ -211,7 +211,8 @@ def test_the_cli_and_the_cell_magic_ask_for_a_share() -> None:
     assert gpus_text({"gpus": 1, "share": 0.25, "assigned_gpus": [0]}) == "0.25 [0]"
     assert gpus_text({"gpus": 1, "gpu_memory": 20 * GiB, "gpu_type": "A100"}) == "20GxA100"
     options = dict(gpus="0.5", gpu_memory="10G", time=None, priority=None, begin=None, mem=None, cpus=None,
-                   when=None, gpu_type=None, group=None, name=None, env=None)
+                   when=None, gpu_type=None, group=None, name=None, env=None, signal=None,
+                   requeue=False)
     body = job_options(SimpleNamespace(**options))
     assert (body["gpus"], body["gpu_memory"]) == (0.5, "10G")
     from IPython.core.error import UsageError as MagicUsageError
