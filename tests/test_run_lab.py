@@ -169,3 +169,16 @@ def test_lint_checks_the_project_not_what_a_user_saved(tmp_path: Path) -> None:
     lint = subprocess.run(["bash", str(clone / "scripts" / "lint.sh"), ruff], capture_output=True, text=True,
                           timeout=120)
     assert lint.returncode == 1 and "F821" in lint.stdout and "tour.py" not in lint.stdout
+
+
+def test_the_tests_do_not_see_what_a_user_installs_into_labs_venv() -> None:
+    """Following the README (a GPU kernelspec installed with --sys-prefix into the venv Lab runs
+    from) made a doctor test fail every time: the tests ran from that same venv and saw it. The
+    tests run from a venv of their own (scripts/test.sh: .venv-test), so nothing of Lab's venv is
+    on their Jupyter paths."""
+    from jupyter_core.paths import jupyter_path
+
+    lab_venv = (ROOT / ".venv").resolve()
+    seen = [p for p in jupyter_path() if Path(p).resolve().is_relative_to(lab_venv)]
+    assert not seen, (f"the tests see Lab's venv {lab_venv} ({seen}); run them with scripts/test.sh, "
+                      "which uses .venv-test")
