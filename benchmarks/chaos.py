@@ -16,6 +16,9 @@ Runs, each on a fresh server:
 - PostgreSQL outage: the store's PostgreSQL is stopped for 15 s while submissions come; the
   answers (503 with Retry-After, not 500), the log lines, and that nothing acknowledged is lost
   (needs PostgreSQL installed: scripts/install-postgres.sh).
+- a huge command: 1 MB command strings (one word, many words, many quoted words) are sent while
+  another client asks `GET whoami` in a loop; the answers, and the slowest whoami meanwhile (a
+  1 MB command once held every request for ~40 s).
 - polling load: 50 clients poll `GET queue` with 10,000 jobs queued; re-dispatch latency of
   freed GPUs (benchmarks/chaos_load.py).
 
@@ -238,11 +241,47 @@ def polling_load(quick: bool) -> dict[str, float] | str:
     return chaos_load.run(quick=quick)
 
 
+def huge_command(server: LiveServer, runs: Path) -> dict[str, Any]:
+    """1 MB command strings (and one just under the size limit) submitted while a thread asks
+    `GET whoami` again and again: each answer, and the slowest whoami meanwhile."""
+    import threading
+
+    import httpx
+
+    auth = {"Authorization": f"token {server.token}"}
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def ask() -> None:
+        with httpx.Client(headers=auth, timeout=120) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                c.get(server.url + "gpujobs/api/whoami")
+                waits.append((time.perf_counter() - t) * 1000)
+
+    commands = {"one 1 MB word": "echo " + "x" * 1_000_000, "500k words": "x " * 500_000,
+                "250k quoted words": "'x' " * 250_000, "60 kB quoted word": 'echo "' + '\\"' * 30_000 + '"'}
+    answers = {}
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        with httpx.Client(headers=auth, timeout=120) as c:
+            for name, command in commands.items():
+                t = time.perf_counter()
+                r = c.post(server.url + "gpujobs/api/jobs", json={"command": command, "gpus": 1, "begin": "+1d"})
+                answers[name] = (r.status_code, round((time.perf_counter() - t) * 1000, 1))
+    finally:
+        stop.set()
+        asker.join()
+    return {"answers": answers, "whoami_max_ms": max(waits), "whoami_p50_ms": sorted(waits)[len(waits) // 2]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer crash cycles and shorter load phases (minutes)")
     p.add_argument("--seed", type=int, default=15, help="seed of the kill times")
-    p.add_argument("--skip", action="append", default=[], choices=["burst", "dispatch", "disk", "load", "flood", "postgres"],
+    p.add_argument("--skip", action="append", default=[], choices=["burst", "dispatch", "disk", "load", "flood", "postgres",
+                                                                     "command"],
                    help="leave out a scenario (repeatable)")
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -303,6 +342,12 @@ def main() -> int:
                                               f"{outage['log_lines']} in {outage['seconds']:.0f} s"))
             for m in outage["messages"]:
                 say(f"message: {m}")
+    if "command" not in args.skip:
+        print("huge commands (1 MB strings) while another client asks GET whoami", flush=True)
+        huge = on_server("1xA100", huge_command)
+        said = ", ".join(f"{name}: {status} in {ms} ms" for name, (status, ms) in huge["answers"].items())
+        rows.append(("1 MB commands", f"{said}; whoami meanwhile p50 {huge['whoami_p50_ms']:.1f} ms, max "
+                                      f"{huge['whoami_max_ms']:.1f} ms"))
     load: dict[str, float] | str = "not run"
     if "load" not in args.skip:
         print("polling load (benchmarks/chaos_load.py)", flush=True)
