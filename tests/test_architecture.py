@@ -41,7 +41,6 @@ MARKER_WITHIN = 8  # lines of the module's docstring
 #: or say why: the test fails when one of them is fixed (remove it here) or another joins them.
 KNOWN_OVER = {
     f"{PACKAGE}/engine/runners/shim.py",
-    f"{PACKAGE}/engine/store/__init__.py",
 }
 
 

@@ -5,135 +5,44 @@ config. The schema is created and upgraded by alembic (`migrate()`), from the fi
 Every state change of a job goes through `transition()`, which writes the job and its event
 row in one transaction, so the audit log never disagrees with the jobs table. No scheduling
 logic lives here.
+
+This module owns the connection, the schema and the job repository (jobs, state changes,
+allocations, events); beside it: `trouble` (its refusals and `_writes`), `rows` (rows to model
+objects, bulk inserts), `policy` (usage, reservations, quotas: a mixin of `Store`), `guard`
+(the one engine's lock), `monitoring`, `notifications`, `accounting`, `report`. May call:
+`model`, `tables` and those modules; nothing above the store.
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from functools import cache
-from operator import itemgetter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, and_, create_engine, event, func, insert, or_, select, update
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy import create_engine, event, func, or_, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from ...model import HELD, Dependency, Job, JobState, Reservation
-from .tables import AllocationRow, Base, EventRow, JobRow, QuotaChangeRow, QuotaRow, ReservationRow, UsageRow
+from ...model import HELD, Job, JobState
+from .policy import PolicyRecords
+from .rows import Event, NewJobs, _columns, _insert_rows, _job_from_values, _row_values, _to_job
+from .tables import AllocationRow, Base, EventRow, JobRow
+from .trouble import (
+    GPUAlreadyAllocated,
+    SchemaTooNew,
+    StoreUnavailable,
+    StoreUnreachable,
+    _writes,
+    store_trouble,
+)
 
 __all__ = ["Store", "Event", "NewJobs", "GPUAlreadyAllocated", "SchemaTooNew", "StoreUnavailable", "StoreUnreachable",
            "store_trouble"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-
-
-class SchemaTooNew(RuntimeError):
-    """The database was written by a newer jupyter-gpujobs: its schema revision is unknown here."""
-
-
-class GPUAlreadyAllocated(RuntimeError):
-    """Refused: the GPU is held by another job (the unique index said no)."""
-
-
-class StoreUnavailable(RuntimeError):
-    """Nothing can be written: the disk under the store (or a job's run directory) is full, or
-    it is read-only. `where` names it; the message says what to do. Reads still work."""
-
-    def __init__(self, where: str, read_only: bool):
-        self.where = where
-        self.read_only = read_only
-        super().__init__(f"read-only file system or database at {where}: nothing can be stored until it is "
-                         "writable again" if read_only else
-                         f"disk full on {where}: nothing can be stored until space is freed there")
-
-
-class StoreUnreachable(StoreUnavailable):
-    """The database server does not answer (down, restarting, the network): nothing can be
-    stored until it does; answered 503 with Retry-After. Reads of what the engine keeps in
-    memory still work."""
-
-    def __init__(self, where: str, cause: str):
-        RuntimeError.__init__(self, f"the store {where} cannot be reached ({cause}): nothing can be stored until it "
-                                    "answers again; retry in a few seconds")
-        self.where = where
-        self.read_only = True
-
-
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-_READ_ONLY_ERRNOS = {errno.EROFS}
-# SQLite's and PostgreSQL's words for the same conditions (sqlite3 gives no error code before 3.11)
-_FULL_WORDS = ("database or disk is full", "no space left on device", "could not extend file", "diskfull")
-_READ_ONLY_WORDS = ("readonly database", "read-only file system", "read-only transaction")
-# a database server that does not answer (libpq's and the server's words: down, restarting)
-_UNREACHABLE_WORDS = ("connection refused", "could not connect", "server closed the connection",
-                      "terminating connection", "the database system is shutting down",
-                      "the database system is starting up", "the database system is in recovery mode",
-                      "no connection to the server", "connection timed out", "consuming input failed",
-                      "connection is closed", "connection is lost")
-
-
-def store_trouble(err: BaseException, where: str) -> StoreUnavailable | None:
-    """`err` as a StoreUnavailable if it says the disk is full or read-only (a database error
-    or an OSError such as ENOSPC from writing a run directory); None for anything else.
-    `where`: what to name when the error itself names no file (the database's location)."""
-    if isinstance(err, StoreUnavailable):
-        return err
-    cause: BaseException | None = err
-    seen = 0
-    while cause is not None and seen < 5:  # the DBAPI error behind SQLAlchemy's, its own cause
-        if isinstance(cause, OSError) and cause.errno in _FULL_ERRNOS | _READ_ONLY_ERRNOS:
-            return StoreUnavailable(str(cause.filename or where), cause.errno in _READ_ONLY_ERRNOS)
-        text = f"{type(cause).__name__} {cause}".lower()
-        if any(w in text for w in _READ_ONLY_WORDS):
-            return StoreUnavailable(where, True)
-        if any(w in text for w in _FULL_WORDS):
-            return StoreUnavailable(where, False)
-        if not isinstance(cause, OSError) and any(w in text for w in _UNREACHABLE_WORDS):
-            return StoreUnreachable(where, str(cause).strip().splitlines()[0][:200] if str(cause).strip() else
-                                    type(cause).__name__)
-        cause = getattr(cause, "orig", None) or cause.__cause__
-        seen += 1
-    return None
-
-
-def _writes(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A write of the store: a full or read-only disk raises StoreUnavailable naming it."""
-
-    @functools.wraps(method)
-    def write(self: Store, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except (GPUAlreadyAllocated, StoreUnavailable):
-            raise
-        except Exception as err:
-            trouble = store_trouble(err, self.location)
-            if trouble is None:
-                raise
-            raise trouble from err
-
-    return write
-
-
-@dataclass(frozen=True)
-class NewJobs:
-    """One submission to store: its jobs' fields, who submitted it (the event's actor) and when.
-    With `array`, the jobs are the tasks of one array job, whose id is its first task's id."""
-
-    specs: Sequence[dict[str, Any]]
-    actor: str
-    now: float
-    array: bool = False
-
-
-class Event(dict):
-    """An event row as a plain dict: id, job_id, time, state, actor, reason, data."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -144,150 +53,6 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
 
-
-def _to_job(row: JobRow) -> Job:
-    return Job(
-        id=row.id,
-        user=row.user,
-        command=list(row.command or []),
-        kind=row.kind,
-        name=row.name,
-        gpus=row.gpus,
-        gpu_type=row.gpu_type,
-        time_limit_s=row.time_limit_s,
-        priority=row.priority,
-        group=row.group,
-        preemptible=row.preemptible,
-        requeue=row.requeue,
-        begin=row.begin,
-        offpeak=row.offpeak,
-        depends=tuple(Dependency(d["kind"], int(d["job_id"])) for d in (row.depends or [])),
-        array_job_id=row.array_job_id,
-        array_index=row.array_index,
-        array_max_running=row.array_max_running,
-        cwd=row.cwd,
-        env=dict(row.env or {}),
-        payload=dict(row.payload or {}),
-        mem_bytes=row.mem_bytes,
-        cpus=row.cpus,
-        share=row.share,
-        gpu_memory=row.gpu_memory,
-        nodes=row.nodes or 1,
-        state=JobState(row.state),
-        submitted_at=row.submitted_at,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        host=row.host,
-        assigned_gpus=tuple(row.assigned_gpus or ()),
-        borrowed=row.borrowed,
-        exit_code=row.exit_code,
-        signal=row.signal,
-        reason=row.reason or "",
-        run_seconds=row.run_seconds or 0.0,
-        restarts=row.restarts or 0,
-        warn_signal=row.warn_signal,
-        max_requeues=row.max_requeues,
-        requeues=row.requeues or 0,
-        retries=row.retries or 0,
-        retry_backoff_s=row.retry_backoff_s if row.retry_backoff_s is not None else 30,
-        retry_oom=bool(row.retry_oom),
-        held=bool(row.held),
-        retried=row.retried or 0,
-    )
-
-
-_ROW_FIELDS = {
-    "user", "name", "kind", "command", "gpus", "gpu_type", "time_limit_s", "priority", "group",
-    "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
-    "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "nodes", "state", "submitted_at", "started_at", "ended_at",
-    "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
-    "warn_signal", "max_requeues", "requeues",
-    "runner_handle", "log_path", "retries", "retry_backoff_s", "retry_oom", "held", "retried",
-}
-
-
-def _to_reservation(r: ReservationRow) -> Reservation:
-    return Reservation(id=r.id, gpus=r.gpus, start=r.start, duration_s=r.duration_s, name=r.name or "",
-                       gpu_type=r.gpu_type, host=r.host, repeat=r.repeat, users=tuple(r.users or ()),
-                       groups=tuple(r.groups or ()), created_by=r.created_by, created_at=r.created_at)
-
-
-def _row_values(fields: dict[str, Any]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key, value in fields.items():
-        if key == "depends":
-            values["depends"] = [{"kind": d.kind, "job_id": d.job_id} for d in value]
-        elif key == "state":
-            values["state"] = JobState(value).value
-        elif key == "assigned_gpus":
-            values["assigned_gpus"] = list(value)
-        elif key in _ROW_FIELDS:
-            values[key] = value
-        else:
-            raise KeyError(f"not a stored job field: {key}")
-    return values
-
-
-def _columns(values: dict[str, Any]) -> dict[str, Any]:
-    """ORM attribute names -> table column names (only `group` differs)."""
-    out = dict(values)
-    if "group" in out:
-        out["group_name"] = out.pop("group")
-    return out
-
-
-def _job_from_values(v: dict[str, Any]) -> Job:
-    from types import SimpleNamespace
-
-    fields = {c: None for c in _ROW_FIELDS}
-    fields.update(v)
-    return _to_job(SimpleNamespace(**fields))  # type: ignore[arg-type]
-
-
-@cache
-def _driver_insert_plan(table: Table, dialect: Dialect
-                        ) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]], list[tuple[int, Callable[[Any], Any]]]]:
-    """An INSERT of every column but the id, compiled by SQLAlchemy for this dialect; a getter
-    of a row's values in its parameter order; and the bind processors to apply (position,
-    processor), as SQLAlchemy would apply them (JSON columns serialise)."""
-    compiled = insert(table).compile(dialect=dialect, column_keys=[c.name for c in table.columns if c.name != "id"])
-    assert compiled.positiontup is not None  # SQLite's qmark style
-    keys = list(compiled.positiontup)
-    processors = [(n, table.c[key].type.dialect_impl(dialect).bind_processor(dialect)) for n, key in enumerate(keys)]
-    return compiled.string, itemgetter(*keys), [(n, proc) for n, proc in processors if proc is not None]
-
-
-def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]], ids: bool = False) -> Sequence[int]:
-    """Insert rows, each with every column but the id; with `ids`, return their new ids in the
-    rows' order. On SQLite (the submit path) with one executemany on the DBAPI cursor, inside
-    the connection's transaction, converting values as SQLAlchemy would: `Connection.execute`
-    cost more than SQLite's own work, even `exec_driver_sql`'s execution context and result
-    added 12-27 % to a batch of 16 to 1 submissions, and SQLite has no RETURNING whose rows
-    follow the parameters, so SQLAlchemy would run one INSERT per row. The transaction holds
-    the database's only write lock, so the rows take consecutive ids, in order. Other
-    databases: Core, with RETURNING in parameter order."""
-    if conn.dialect.name != "sqlite":
-        if not ids:
-            conn.execute(insert(table), rows)
-            return ()
-        returning = insert(table).returning(table.c.id, sort_by_parameter_order=True)
-        return conn.execute(returning, rows).scalars().all()
-    sql, values_of, processors = _driver_insert_plan(table, conn.dialect)
-    params = []
-    for row in rows:
-        values = list(values_of(row))
-        for n, process in processors:
-            values[n] = process(values[n])
-        params.append(tuple(values))
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.executemany(sql, params)
-        if not ids:
-            return ()
-        last = cursor.execute("SELECT last_insert_rowid()").fetchone()[0]
-    finally:
-        cursor.close()
-    return range(last - len(rows) + 1, last + 1)
 
 
 def default_url(data_dir: str | Path) -> str:
@@ -325,7 +90,7 @@ def private_sqlite_files(database: Path) -> list[str]:
     return repaired
 
 
-class Store:
+class Store(PolicyRecords):
     """Repository over the tables. Thread-safe as SQLAlchemy sessions are: one per call."""
 
     def __init__(self, url: str, echo: bool = False):
@@ -695,93 +460,6 @@ class Store:
                   data=r.data or {})
             for r in rows
         ]
-
-    # ----------------------------------------------------------------- fair-share usage
-
-    def load_usage(self) -> dict[str, tuple[float, float]]:
-        with self._session() as s:
-            return {r.key: (r.gpu_seconds, r.updated_at) for r in s.scalars(select(UsageRow)).all()}
-
-    @_writes
-    def save_usage(self, usage: dict[str, float], now: float) -> None:
-        with self._session.begin() as s:
-            for key, value in usage.items():
-                row = s.get(UsageRow, key)
-                if row is None:
-                    s.add(UsageRow(key=key, gpu_seconds=value, updated_at=now))
-                else:
-                    row.gpu_seconds = value
-                    row.updated_at = now
-
-
-    # ----------------------------------------------------------------- advance reservations
-
-    def load_reservations(self) -> list[tuple[Reservation, str]]:
-        """Every reservation, by id, with its source ("" or "finding:<id>")."""
-        with self._session() as s:
-            return [(_to_reservation(r), r.source) for r in s.scalars(select(ReservationRow).order_by(ReservationRow.id))]
-
-    @_writes
-    def add_reservation(self, fields: dict[str, Any], actor: str, now: float, source: str = "") -> Reservation:
-        """Store a reservation (`model.validate_reservation`'s fields); returns it with its id."""
-        with self._session.begin() as s:
-            row = ReservationRow(name=fields["name"], gpus=fields["gpus"], gpu_type=fields["gpu_type"],
-                                 host=fields["host"], start=fields["start"], duration_s=fields["duration_s"],
-                                 repeat=fields["repeat"], users=list(fields["users"]), groups=list(fields["groups"]),
-                                 created_by=actor, created_at=now, source=source)
-            s.add(row)
-            s.flush()
-            return _to_reservation(row)
-
-    @_writes
-    def delete_reservation(self, reservation_id: int) -> bool:
-        """Remove a reservation; False when there is none of that id."""
-        with self._session.begin() as s:
-            row = s.get(ReservationRow, reservation_id)
-            if row is None:
-                return False
-            s.delete(row)
-            return True
-
-    # ----------------------------------------------------------------- quotas set through the API
-
-    def load_quotas(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Stored quotas: {"users"|"groups": {name: {"quota", "set_by", "set_at"}}}."""
-        out: dict[str, dict[str, dict[str, Any]]] = {"users": {}, "groups": {}}
-        with self._session() as s:
-            for r in s.scalars(select(QuotaRow)).all():
-                out.setdefault(r.scope, {})[r.name] = {"quota": dict(r.quota or {}), "set_by": r.set_by,
-                                                       "set_at": r.set_at}
-        return out
-
-    @_writes
-    def set_quota(self, scope: str, name: str, quota: dict[str, Any] | None, actor: str, now: float) -> None:
-        """Store (or with None, remove) a quota, with its audit row (who, when, before, after),
-        in one transaction."""
-        with self._session.begin() as s:
-            row = s.get(QuotaRow, (scope, name))
-            before = dict(row.quota or {}) if row is not None else None
-            if quota is None:
-                if row is not None:
-                    s.delete(row)
-            elif row is None:
-                s.add(QuotaRow(scope=scope, name=name, quota=dict(quota), set_by=actor, set_at=now))
-            else:
-                row.quota, row.set_by, row.set_at = dict(quota), actor, now
-            s.add(QuotaChangeRow(time=now, actor=actor, scope=scope, name=name, before=before,
-                                 after=None if quota is None else dict(quota)))
-
-    def quota_changes(self, names: Iterable[tuple[str, str]] | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest quota changes first, of the given (scope, name) pairs or of all."""
-        q = select(QuotaChangeRow).order_by(QuotaChangeRow.id.desc()).limit(limit)
-        if names is not None:
-            pairs = list(names)
-            if not pairs:
-                return []
-            q = q.where(or_(*(and_(QuotaChangeRow.scope == sc, QuotaChangeRow.name == n) for sc, n in pairs)))
-        with self._session() as s:
-            return [{"time": r.time, "actor": r.actor, "scope": r.scope, "name": r.name, "before": r.before,
-                     "after": r.after} for r in s.scalars(q).all()]
 
 
 def now() -> float:
