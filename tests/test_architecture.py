@@ -17,8 +17,7 @@ module's AST, with
 
 The size rule: a module of `jupyter_gpujobs/engine/` over `MAX_ENGINE_LINES` lines must say why
 in its docstring's first `MARKER_WITHIN` lines, with the phrase `MARKER` ("Over 600 lines
-because ..."). `KNOWN_OVER` names the modules that were over it when the rule came, until
-their owners split them or say why.
+because ...").
 """
 
 from __future__ import annotations
@@ -37,11 +36,6 @@ NOT_IMPORTABLE = (f"{PACKAGE}.engine.store.migrations.env",)
 MAX_ENGINE_LINES = 600
 MARKER = "Over 600 lines because"
 MARKER_WITHIN = 8  # lines of the module's docstring
-#: Engine modules over the limit when the rule came (issue 25), whose owners are to split them
-#: or say why: the test fails when one of them is fixed (remove it here) or another joins them.
-KNOWN_OVER = {
-    f"{PACKAGE}/engine/runners/shim.py",
-}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -240,7 +234,6 @@ def test_engine_modules_stay_readable() -> None:
         doc = ast.get_docstring(ast.parse(text)) or ""
         if MARKER not in " ".join(doc.splitlines()[:MARKER_WITHIN]):
             over.append(str(path.relative_to(ROOT.parent)))
-    assert set(over) <= KNOWN_OVER, (
+    assert not over, (
         f"engine modules over {MAX_ENGINE_LINES} lines without {MARKER!r} in the first {MARKER_WITHIN} lines "
-        "of their docstring (split them, or say why):\n" + "\n".join(sorted(set(over) - KNOWN_OVER)))
-    assert set(over) == KNOWN_OVER, f"within the rule now, remove from KNOWN_OVER: {sorted(KNOWN_OVER - set(over))}"
+        "of their docstring (split them, or say why):\n" + "\n".join(sorted(over)))

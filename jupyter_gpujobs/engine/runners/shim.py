@@ -30,86 +30,45 @@ Jupyter server that started it. The shim owns one run from start to result:
   can act on ("failed (exit code 3)", "killed by signal SIGSEGV", "out of memory (...)").
 
 It must start fast (it is on the dispatch path), so it imports only the standard library;
-psutil is imported only when a process tree has to be stopped.
+psutil is imported only when a process tree has to be stopped. This module owns the run's
+supervision (the `Shim`: signals, limits, the tree, the result) and its entry point; beside
+it, each imported at start: `joblog` (the log, its cap, OOM patterns), `jobtmp` (private
+/tmp and /dev/shm), `jobenv` (environment and user), `spawn` (starting the process),
+`runfiles` (the run directory's JSON files, how a run ended in words). It may call those and
+`cgroups`. Other modules import those names from here (`read_json`, `how_it_ended`,
+`OOM_PATTERNS`, `probe_private_mounts`...), which it re-exports.
 """
 
 from __future__ import annotations
 
 import errno as errno_
-import fcntl
-import fnmatch
-import json
 import os
 import select
 import signal
-import stat as stat_
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import cgroups
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-#: Log lines that mean the job ran out of GPU memory (searched in the log tail on a failure).
-OOM_PATTERNS = (
-    "CUDA out of memory",
-    "torch.OutOfMemoryError",
-    "torch.cuda.OutOfMemoryError",
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "cudaErrorMemoryAllocation",
-    "RESOURCE_EXHAUSTED: Out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "out of memory on device",
+from .jobenv import (
+    ENV_ALLOWED,
+    allowed_environment,
+    job_environment,
+    parse_warning,
+    resolve_user,
+    visible_devices,
 )
-_LOG_TAIL_BYTES = 64 * 1024
+from .joblog import OOM_PATTERNS, CappedLog, OutputPipe, find_oom, open_log
+from .jobtmp import _libc, make_job_tmp, private_mounts, probe_private_mounts, remove_job_tmp
+from .runfiles import _format_duration, how_it_ended, read_json, write_json_atomic
+from .spawn import SpawnError, spawn
+
+__all__ = ["ENV_ALLOWED", "OOM_PATTERNS", "CappedLog", "OutputPipe", "Shim", "SpawnError", "allowed_environment",
+           "find_oom", "how_it_ended", "job_environment", "make_job_tmp", "main", "open_log", "parse_warning",
+           "private_mounts", "probe_private_mounts", "read_json", "remove_job_tmp", "resolve_user", "spawn",
+           "visible_devices", "write_json_atomic"]
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write JSON so a reader sees the old file, no file, or the whole new one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)  # a full disk: leave nothing half-written
-        except OSError:
-            pass
-        raise
-
-
-def read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _format_duration(seconds: float) -> str:
-    from ...model import format_duration
-
-    return format_duration(seconds)
-
-
-def how_it_ended(exit_code: int | None, sig: int | None) -> str:
-    """How a job's process ended, as its reasons say it: "exit code 3" or "killed by signal
-    SIGSEGV" (every runner's words)."""
-    if exit_code is not None:
-        return f"exit code {exit_code}"
-    try:
-        name = signal.Signals(sig or 0).name
-    except ValueError:
-        name = str(sig)
-    return f"killed by signal {name}"
-
-
-_LIBC: Any = None
 #: The write end of the pipe the runner watches (see local.py); closed once the result is
 #: written, so the engine reads it then, not after this interpreter's shutdown.
 _EXIT_FD: int | None = None
@@ -125,416 +84,12 @@ def _tell_runner() -> None:
         _EXIT_FD = None
 
 
-def _libc() -> Any:
-    """The C library through ctypes (loaded once: its import costs a start tens of ms)."""
-    global _LIBC
-    if _LIBC is None and sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except Exception:
-            _LIBC = False
-    return _LIBC or None
-
-
 def _become_subreaper() -> bool:
     libc = _libc()
     try:
         return libc is not None and libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
     except Exception:
         return False
-
-
-def find_oom(log_path: str, start_offset: int = 0) -> str | None:
-    """The first OOM pattern in the last 64 KiB of the log written by this run, if any."""
-    try:
-        with open(log_path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(start_offset, size - _LOG_TAIL_BYTES))
-            tail = f.read().decode(errors="replace").lower()
-    except OSError:
-        return None
-    for pattern in OOM_PATTERNS:
-        if pattern.lower() in tail:
-            return pattern
-    return None
-
-
-def visible_devices(indices: Sequence[int], uuids: Sequence[str]) -> str:
-    """CUDA_VISIBLE_DEVICES of a job: the index of each whole GPU, the UUID of each MIG
-    instance ("MIG-…"), which CUDA addresses by UUID only."""
-    out = []
-    for n, index in enumerate(indices):
-        uuid = uuids[n] if n < len(uuids) else ""
-        out.append(uuid if uuid.startswith("MIG-") else str(int(index)))
-    return ",".join(out)
-
-
-#: what a job gets of the supervisor's (so the engine's) environment when it may not inherit
-#: it all: the search path and the locale. Never a credential of the engine's.
-ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_*", "TZ")
-
-
-def allowed_environment(base: dict[str, str], patterns: Sequence[str]) -> dict[str, str]:
-    """The variables of `base` whose names match one of `patterns` (shell-style: "LC_*")."""
-    return {k: v for k, v in base.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
-
-
-def job_environment(spec: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """The environment of the job: the shim's own (all of it with `inherit_env`, else only
-    what `ENV_ALLOWED` and the admin's `env_allow` name), the request's additions, then the
-    variables the runner guarantees (which the additions cannot override)."""
-    if spec.get("inherit_env"):
-        env = dict(base)
-    else:
-        env = allowed_environment(base, (*ENV_ALLOWED, *(str(p) for p in spec.get("env_allow") or ())))
-    pythonpath = spec.get("pythonpath")
-    if pythonpath is None:
-        env.pop("PYTHONPATH", None)
-    else:
-        env["PYTHONPATH"] = pythonpath
-    for key in ("GPUJOBS_FAKE", "GPUJOBS_FAKE_GPU_USE"):
-        env.pop(key, None)  # never inherit a fake-GPU marker from the server
-    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
-    indices = visible_devices(spec.get("gpu_indices") or [], spec.get("gpu_uuids") or [])
-    limit = spec.get("time_limit_s")
-    env.update({
-        "CUDA_VISIBLE_DEVICES": indices,
-        "NVIDIA_VISIBLE_DEVICES": indices,
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "GPUJOBS_JOB_ID": str(spec["job_id"]),
-        "GPUJOBS_GPU_UUIDS": ",".join(spec.get("gpu_uuids") or []),
-        "GPUJOBS_TIME_LIMIT": str(int(limit)) if limit else "",
-        "GPUJOBS_KILL_GRACE": str(int(spec.get("grace_s") or 0)),
-        "GPUJOBS_PREEMPT_GRACE": str(int(spec["preempt_grace_s"] if spec.get("preempt_grace_s") is not None
-                                         else spec.get("grace_s") or 0)),
-        "PYTHONUNBUFFERED": "1",
-        # when the time limit ends the run (epoch seconds), for jupyter_gpujobs.checkpoint
-        "GPUJOBS_ENDS_AT": str(int(time.time() + float(limit))) if limit else "",
-    })
-    warning = parse_warning(spec.get("warn_signal"))
-    if warning is not None:
-        env["GPUJOBS_SIGNAL"] = signal.Signals(warning[0]).name[3:]
-        env["GPUJOBS_SIGNAL_BEFORE"] = str(int(warning[1]))
-    if spec.get("fake"):
-        env["GPUJOBS_FAKE"] = "1"
-    return env
-
-
-def parse_warning(text: Any) -> tuple[int, float, bool] | None:
-    """(signal number, seconds before the end, first process only) of a stored signal before
-    the end ("USR1@300", "B:USR1@300"; model.WarnSignal.text), None for none or a bad one."""
-    if not isinstance(text, str) or "@" not in text:
-        return None
-    first_only = text.startswith("B:")
-    name, _, before = text[2 if first_only else 0:].partition("@")
-    try:
-        return int(getattr(signal, "SIG" + name)), float(before), first_only
-    except (AttributeError, ValueError):
-        return None
-
-
-class CappedLog:
-    """A run's output into its log file, never more than `cap` bytes (0: no cap) however
-    much the job writes: the first half of the cap is kept, then the newest output; when the
-    file would pass the cap, what lies between the head and the newest quarter of the cap
-    is cut and one line there says how many bytes were cut. (Each cut copies a quarter of the
-    cap for every quarter written: the cost of keeping the tail on disk, where a follower of
-    the log reads it while the job runs.) The log fd is opened for appending; a cut turns
-    that off while it moves the tail."""
-
-    def __init__(self, fd: int, cap: int):
-        self.fd = fd
-        self.cap = cap
-        self.head = cap // 2
-        self.keep = cap // 4
-        self.cut_bytes = 0  # of this run's output
-        self.line_len = 0  # the cut line's length in the file (0: none yet)
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            size = os.fstat(self.fd).st_size
-            room = self.cap - size if self.cap else len(view)
-            if room <= 0:
-                self.cut(size)
-                continue
-            n = os.write(self.fd, view[:room])
-            view = view[n:]
-
-    def cut(self, size: int) -> None:
-        """Cut the file of `size` bytes down to its head, the cut line and its newest `keep` bytes."""
-        src = size - self.keep
-        head = min(self.head, src)
-        self.cut_bytes += max(0, src - head - self.line_len)
-        line = (f"\n[gpujobs: {self.cut_bytes} bytes of output cut here: the log is capped at {self.cap} bytes "
-                f"(c.GPUJobs.log_max_bytes); it keeps the first {self.head} and the newest]\n").encode()
-        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
-        try:
-            os.pwrite(self.fd, line, head)
-            dst = head + len(line)
-            moved = 0
-            while moved < self.keep:  # the tail moves towards the start: copy front to back
-                chunk = os.pread(self.fd, min(1 << 20, self.keep - moved), src + moved)
-                if not chunk:
-                    break
-                os.pwrite(self.fd, chunk, dst + moved)
-                moved += len(chunk)
-            os.ftruncate(self.fd, dst + moved)
-        finally:
-            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)
-        self.line_len = len(line)
-
-
-class OutputPipe:
-    """The pipe a capped run writes its output into, and the `CappedLog` it is copied to."""
-
-    def __init__(self, log_fd: int, cap: int):
-        self.read_fd, self.write_fd = os.pipe()
-        try:
-            fcntl.fcntl(self.read_fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups for a chatty job
-        except OSError:
-            pass
-        os.set_blocking(self.read_fd, False)
-        self.log = CappedLog(log_fd, cap)
-        self.open = True
-
-    def drain(self, budget: int = 16 << 20) -> None:
-        """Copy what is in the pipe (up to `budget` bytes) to the log; at EOF, close it."""
-        while self.open and budget > 0:
-            try:
-                data = os.read(self.read_fd, 1 << 20)
-            except BlockingIOError:
-                return
-            except InterruptedError:
-                continue
-            if not data:
-                os.close(self.read_fd)
-                self.open = False
-                return
-            budget -= len(data)
-            try:
-                self.log.write(data)
-            except OSError as err:  # a full disk: the output is lost, the job goes on
-                try:
-                    print(f"gpujobs: could not write the job's output to its log: {err}", file=sys.stderr)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        """The job's processes are gone: copy what is left and close the pipe (the log stays open)."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
-        self.drain(budget=1 << 62)
-        if self.open:
-            os.close(self.read_fd)
-            self.open = False
-
-
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-
-
-def private_mounts(tmp_dir: str | None, keep: Sequence[str] = ()) -> None:
-    """In a mount namespace of this process's own: `tmp_dir` on /tmp and a fresh tmpfs on
-    /dev/shm (None: a tmpfs on /tmp too, as the probe does); each folder of `keep` (under
-    /tmp: the engine's socket folder, never a path a user named) stays where it was, bound
-    into `tmp_dir` (`make_job_tmp` made its mount point). OSError when the host refuses."""
-    import ctypes
-
-    libc = _libc()
-    if libc is None:
-        raise OSError(errno_.ENOSYS, "no C library to call unshare and mount")
-
-    def check(rc: int) -> None:
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-
-    check(libc.unshare(_CLONE_NEWNS))
-    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
-    if tmp_dir is None:
-        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777,size=1m"))
-    else:
-        for folder in keep:
-            inside = os.path.join(tmp_dir, os.path.relpath(folder, "/tmp"))
-            check(libc.mount(folder.encode(), inside.encode(), None, _MS_BIND | _MS_REC, None))
-        check(libc.mount(tmp_dir.encode(), b"/tmp", None, _MS_BIND | _MS_REC, None))
-    check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"))
-
-
-def probe_private_mounts() -> str:
-    """"" when a job can get a private /tmp and /dev/shm here, else why not (run in a process
-    of its own: its mounts vanish with it)."""
-    try:
-        private_mounts(None)
-    except OSError as err:
-        return f"no mount namespace for jobs ({err.strerror or err})"
-    return ""
-
-
-def make_job_tmp(job_dir: str, keep: Sequence[str] = ()) -> str:
-    """The folder that is the job's /tmp: `JOB_DIR/tmp`, mode 1777 as /tmp (only the job
-    reaches it: the run directory is root's 0700), with a mount point (root's 0755) for each
-    folder of `keep` at its place under /tmp."""
-    path = os.path.join(job_dir, "tmp")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    os.chmod(path, 0o1777)
-    for folder in keep:
-        point = path
-        for part in os.path.relpath(folder, "/tmp").split(os.sep):
-            point = os.path.join(point, part)
-            try:
-                os.mkdir(point, 0o755)
-            except FileExistsError:
-                pass
-            os.chmod(point, 0o755)
-    return path
-
-
-def remove_job_tmp(path: str) -> None:
-    """Remove a job's /tmp once nothing of the job runs (never following a link in it)."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-class SpawnError(OSError):
-    """The child could not become the job: `stage` says where ("cgroup", "user", "cwd", "exec")."""
-
-    def __init__(self, stage: str, err: int):
-        super().__init__(err, os.strerror(err))
-        self.stage = stage
-
-
-def spawn(command: list[str], cwd: str | None, env: dict[str, str], log_fd: int,
-          cg: dict[str, str] | None = None, user: tuple[str, int, int, list[int]] | None = None,
-          tmp_dir: str | None = None, tmp_keep: Sequence[str] = ()) -> int:
-    """fork + exec `command` in a new process group with stdin from /dev/null and stdout and
-    stderr into `log_fd`. The child starts in, or enters, the run's cgroups `cg`
-    (`cgroups.fork_into`, `cgroups.enter`) before exec, gets `tmp_dir` as its private /tmp
-    (and a /dev/shm of its own, `private_mounts`) when given, drops to `user` (name, uid, gid, groups:
-    setgid, setgroups, setuid, umask 077; no lookup happens in the child) and then enters `cwd` with that user's rights. A failure in
-    the child is raised here as SpawnError with its stage and errno.
-
-    Done by hand rather than with `subprocess`, whose import alone costs the dispatch path
-    several milliseconds."""
-    err_r, err_w = os.pipe()  # close-on-exec: EOF on success, "stage:errno" on failure
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    pid, in_v2 = cgroups.fork_into(cg or {})
-    if pid == 0:  # the child: only async-signal-safe-ish calls until exec
-        stage = "exec"
-        try:
-            os.setpgid(0, 0)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT,
-                        signal.SIGHUP, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.set_wakeup_fd(-1)
-            stage = "cgroup"
-            cgroups.enter(cg or {}, in_v2)
-            if tmp_dir is not None:
-                stage = "tmp"
-                private_mounts(tmp_dir, tmp_keep)
-            if user is not None:
-                stage = "user"
-                _name, uid, gid, gids = user
-                os.setgid(gid)
-                os.setgroups(gids)
-                os.setuid(uid)
-                os.umask(0o077)
-            stage = "cwd"
-            if cwd:
-                os.chdir(cwd)
-            stage = "exec"
-            os.dup2(devnull, 0)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            os.execvpe(command[0], command, env)
-        except OSError as err:
-            os.write(err_w, f"{stage}:{err.errno or 0}".encode())
-        except BaseException:
-            os.write(err_w, f"{stage}:0".encode())
-        os._exit(127)
-    os.close(err_w)
-    os.close(devnull)
-    try:
-        data = b""
-        while True:
-            try:
-                chunk = os.read(err_r, 64)
-            except InterruptedError:
-                continue
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(err_r)
-    if data:
-        while True:
-            try:
-                os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                break
-        stage, _, errno = data.decode().partition(":")
-        raise SpawnError(stage, int(errno or 0))
-    return pid
-
-
-def open_log(path: str, owner: tuple[int, int] | None = None) -> int:
-    """Open the job's log for appending without following a symbolic link: one planted at
-    the log's name (by an earlier job that could write the folder) is removed and a new
-    file made in its place, so output never goes anywhere but the log. The log is private
-    (0600) and, for a job run as another user, theirs."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK  # read: CappedLog moves the tail
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as err:
-        if err.errno != errno_.ELOOP:
-            raise
-        os.unlink(path)
-        fd = os.open(path, flags | os.O_EXCL, 0o600)
-    try:
-        st = os.fstat(fd)
-        if not stat_.S_ISREG(st.st_mode):
-            raise OSError(errno_.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-        if owner is not None and (st.st_uid, st.st_gid) != owner:
-            os.fchown(fd, *owner)
-        if stat_.S_IMODE(st.st_mode) & 0o077:
-            os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def resolve_user(spec: dict[str, Any]) -> tuple[str, int, int, str, str, list[int]] | None:
-    """(name, uid, gid, home, shell, groups) of the Unix user the job runs as, as the runner
-    resolved it (`account`), else looked up here; None when the job runs as the supervisor's
-    own user. KeyError when there is no such user."""
-    name = spec.get("run_as")
-    if not name:
-        return None
-    account = spec.get("account")
-    if account:
-        return (str(account[0]), int(account[1]), int(account[2]), str(account[3]), str(account[4]),
-                [int(g) for g in account[5]])
-    import pwd
-
-    entry = pwd.getpwnam(name)
-    if entry.pw_uid == os.getuid():
-        return None
-    return (entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell,
-            os.getgrouplist(entry.pw_name, entry.pw_gid))
 
 
 class Shim:
