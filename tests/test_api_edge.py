@@ -34,7 +34,7 @@ async def test_queue_is_paged(api: Any) -> None:
     status, whole = await api("GET", "queue")
     assert [j["id"] for j in whole["jobs"]] == ids and whole["next"] is None
     status, nobody = await api("GET", "queue", params={"user": "nobody-else"})
-    assert nobody == {"jobs": [], "total": 0, "offset": 0, "next": None}
+    assert nobody == {"jobs": [], "total": 0, "held": 0, "offset": 0, "next": None}
     # a cancel shows in the next answer, whatever was served before
     assert (await api("DELETE", f"jobs/{ids[0]}"))[0] == 200
     status, page = await api("GET", "queue", params={"limit": "2"})
