@@ -292,6 +292,9 @@ async def check_notebook(unix_user: str | None, notebook: str, folder: str | Non
 #: a burst of submissions from one folder costs one helper.
 DIRECTORY_OK_S = 10.0
 _directories_ok: dict[tuple[str, str], tuple[float, str]] = {}
+#: checks under way: a burst of submissions that all name one folder waits for one helper and
+#: goes on in one event-loop turn, so the burst is still one commit (Admission's group commit)
+_directories_asked: dict[tuple[str, str], asyncio.Task[str | None]] = {}
 
 
 async def check_directory(unix_user: str | None, path: str, bounds: Bounds = Bounds(),
@@ -305,6 +308,16 @@ async def check_directory(unix_user: str | None, path: str, bounds: Bounds = Bou
     hit = _directories_ok.get(key)
     if hit is not None and now - hit[0] < DIRECTORY_OK_S:
         return hit[1]
+    asked = _directories_asked.get(key)
+    if asked is None:
+        asked = _directories_asked[key] = asyncio.ensure_future(
+            _check_directory(unix_user, path, bounds, python, key, now))
+        asked.add_done_callback(lambda _: _directories_asked.pop(key, None))
+    return await asyncio.shield(asked)  # (every caller the same way: they go on in one turn)
+
+
+async def _check_directory(unix_user: str | None, path: str, bounds: Bounds, python: str,
+                           key: tuple[str, str], now: float) -> str | None:
     answer = await _run_helper(unix_user, {"directory": path}, bounds, python)
     verdict, real = answer.get("directory"), answer.get("real")
     if verdict not in ("ok", "missing") or not isinstance(real, str):
