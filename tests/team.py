@@ -210,6 +210,19 @@ class Team:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)),
                             base_url="http://engine/gpujobs/api/", timeout=30)
 
+    def wait_state(self, job_id: int, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+        """Job `job_id` once it is in one of `states`, asked on the engine's socket as root; a
+        timeout's message has its state and the engine's and servers' logs."""
+        with self.socket_client() as c:
+            deadline = time.monotonic() + timeout
+            while True:
+                job = c.get(f"jobs/{job_id}").json()
+                if job["state"] in states:
+                    return job
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"job {job_id} is {job['state']}, not {states}\n{self.logs()}")
+                time.sleep(0.1)
+
     def run_as(self, user: str, code: str, timeout: float = 60, **env: str) -> Any:
         """Run Python `code` as `user` with the users' Python (cwd: their folder); it prints one
         JSON value, which is returned."""

@@ -10,7 +10,6 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from team import USER_PYTHON, USERS, Team, missing
@@ -25,18 +24,6 @@ def team() -> Iterator[Team]:
     with Team(fake_gpus="1xA100", users=(U1,), engine_args=[
             "--GPUJobs.job_retention=3s", "--GPUJobs.job_cleanup_interval=0.2"]) as t:
         yield t
-
-
-def wait_state(team: Team, job_id: int, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
-    with team.socket_client() as c:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = c.get(f"jobs/{job_id}").json()
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {job['state']}, not {states}\n{team.logs()}")
-            time.sleep(0.1)
 
 
 def wait_gone(path: Path, team: Team, timeout: float = 30) -> None:
@@ -54,7 +41,7 @@ def test_a_users_checkpoint_folder_is_theirs_and_goes_as_them(team: Team, tmp_pa
     job = team.run_as(U1, "import json, subprocess; from jupyter_gpujobs.client import GPUJobsClient; "
                           f"print(json.dumps(GPUJobsClient().submit([{str(USER_PYTHON)!r}, '-c', {code!r}], "
                           "gpus=0, time_limit='1m')))")
-    done = wait_state(team, job["id"], ("COMPLETED", "FAILED"))
+    done = team.wait_state(job["id"], ("COMPLETED", "FAILED"))
     folder = Path(pw.pw_dir) / ".gpujobs" / "checkpoints" / f"job-{job['id']}"
     assert done["state"] == "COMPLETED", (done, team.logs())
     st = folder.stat()
@@ -68,7 +55,7 @@ def test_a_users_checkpoint_folder_is_theirs_and_goes_as_them(team: Team, tmp_pa
     other = team.run_as(U1, "import json; from jupyter_gpujobs.client import GPUJobsClient; "
                             f"print(json.dumps(GPUJobsClient().submit([{str(USER_PYTHON)!r}, '-c', 'pass'], "
                             "gpus=0, time_limit='1m')))")
-    wait_state(team, other["id"], ("COMPLETED",))
+    team.wait_state(other["id"], ("COMPLETED",))
     planted = folder.parent / f"job-{other['id']}"
     team.run_as(U1, f"import os, json; os.symlink({str(precious)!r}, {str(planted)!r}); print(1)")
 

@@ -214,18 +214,28 @@ def test_bad_settings_are_refused_naming_the_field_and_good_ones_outlive_a_resta
 
 
 def test_upgrade_to_stored_notifications_keeps_jobs(tmp_path: Any) -> None:
+    from sqlalchemy import MetaData, insert
+
     from jupyter_gpujobs.engine.store import Store
     from jupyter_gpujobs.engine.store.notifications import load_settings, save_settings
 
     url = f"sqlite:///{tmp_path / 'gpujobs.sqlite'}"
     old = Store(url)
-    old.migrate("0006")  # the schema before notification settings were stored
-    job = old.add_jobs([{"user": "alice", "command": ["true"], "gpus": 1}], actor="alice", now=1.0)[0]
+    old.migrate("0006")  # the schema before notification settings were stored, written through its own tables
+    meta = MetaData()
+    meta.reflect(old.engine)
+    with old.engine.begin() as conn:
+        job_id = conn.execute(insert(meta.tables["jobs"]).values(
+            user="alice", kind="script", command=["true"], gpus=1, priority="normal", preemptible=False,
+            requeue=True, offpeak=False, depends=[], env={}, payload={}, state="PENDING", submitted_at=1.0,
+            assigned_gpus=[], borrowed=False, reason="submitted", run_seconds=0.0, restarts=0,
+            runner_handle={})).inserted_primary_key[0]
     old.close()
     store = Store(url)
     store.migrate()
     try:
-        assert store.get(job.id) == job
+        job = store.get(job_id)
+        assert job is not None and (job.user, job.command, job.gpus) == ("alice", ["true"], 1)
         save_settings(store, "alice", {"email": "alice@example.org", "webhook": None, "events": ["failed"]}, 5.0)
         save_settings(store, "bob", {"email": None, "webhook": "https://x.example.org/h", "events": []}, 6.0)
         save_settings(store, "bob", None, 7.0)

@@ -116,17 +116,6 @@ def submit(team: Team, user: str, script: str, **options: Any) -> int:
     return int(team.run_as(user, code))
 
 
-def wait_job(team: Team, job_id: int, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
-    with team.socket_client() as c:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = c.get(f"jobs/{job_id}").json()
-            if job["state"] in states:
-                return job
-            assert time.monotonic() < deadline, f"job {job_id} is {job['state']}\n{team.logs()}"
-            time.sleep(0.1)
-
-
 def log_of(team: Team, job_id: int) -> bytes:
     return (team.base / "engine" / "logs" / f"job-{job_id}.log").read_bytes()
 
@@ -171,7 +160,7 @@ def test_claims_cannot_be_taken_spoofed_or_blocked_by_a_user(team: PlantedTeam) 
     assert "NOT claimed" not in log and "/spoofed" not in log, log[-3000:]
     with team.socket_client() as c:
         assert "notice" not in c.get("whoami").json()
-    job = wait_job(team, submit(team, U2, "true", gpus=1), ("COMPLETED", "FAILED"))
+    job = team.wait_state(submit(team, U2, "true", gpus=1), ("COMPLETED", "FAILED"))
     assert job["state"] == "COMPLETED", job
     claims = team.base / "claims"
     st = claims.stat()
@@ -189,7 +178,7 @@ def test_claims_cannot_be_taken_spoofed_or_blocked_by_a_user(team: PlantedTeam) 
 @needs_team
 def test_a_job_gets_no_variable_of_the_engine_environment(team: PlantedTeam) -> None:
     job_id = submit(team, U1, "env; echo END", env={"MY_OWN": "kept"})
-    assert wait_job(team, job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    assert team.wait_state(job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
     env = log_of(team, job_id).decode()
     assert "END" in env
     assert SECRET_NAME not in env and "hunter2" not in env, env
@@ -202,7 +191,7 @@ def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
                              "&& sleep 100")
     wait_log(team, first, b"written")
     second = submit(team, U2, "ls -a /tmp /dev/shm; echo LISTED")
-    assert wait_job(team, second, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    assert team.wait_state(second, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
     listing = log_of(team, second).decode()
     assert "LISTED" in listing and "left-by-u1" not in listing, listing
     assert not Path("/tmp/left-by-u1").exists() and not Path("/dev/shm/left-by-u1").exists()
@@ -210,7 +199,7 @@ def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
     assert len(job_tmps) == 1 and (job_tmps[0] / "left-by-u1").exists()  # where the job's /tmp is
     with team.socket_client() as c:
         c.delete(f"jobs/{first}")
-    wait_job(team, first, ("CANCELLED",))
+    team.wait_state(first, ("CANCELLED",))
     deadline = time.monotonic() + 30
     while job_tmps[0].exists():  # the supervisor removes it once the job's processes are gone
         assert time.monotonic() < deadline, "the job's /tmp was not removed"
@@ -223,7 +212,7 @@ def test_jobs_of_two_users_do_not_share_tmp_or_shm(team: PlantedTeam) -> None:
 def test_a_log_past_its_cap_keeps_head_and_tail(team: PlantedTeam) -> None:
     lines = 100_000  # about 6 MB
     job_id = submit(team, U1, f"seq -f 'line %07g {'x' * 48}' 1 {lines}")
-    assert wait_job(team, job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    assert team.wait_state(job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
     data = log_of(team, job_id)
     assert len(data) <= LOG_CAP, len(data)
     text = data.decode()

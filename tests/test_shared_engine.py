@@ -42,18 +42,6 @@ def team() -> Iterator[Team]:
         yield t
 
 
-def wait_state(team: Team, job_id: int, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
-    with team.socket_client() as c:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = c.get(f"jobs/{job_id}").json()
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {job['state']}, not {states}\n{team.logs()}")
-            time.sleep(0.1)
-
-
 # ------------------------------------------------------------------------------- identity
 
 
@@ -110,7 +98,7 @@ def test_jobs_and_kernels_carry_no_credential(team: Team) -> None:
     """A job and a kernel find the engine by its socket; no token that could act as anyone."""
     s1 = team.servers[U1]
     job = s1.api("POST", "jobs", json={"command": ["sh", "-c", "env"], "gpus": 0}).json()
-    wait_state(team, job["id"], ("COMPLETED",))
+    team.wait_state(job["id"], ("COMPLETED",))
     log = s1.api("GET", f"jobs/{job['id']}/log").json()["data"]
     assert f"GPUJOBS_URL=unix://{team.socket}" in log
     assert "GPUJOBS_TOKEN" not in log
@@ -143,7 +131,7 @@ def test_a_gpu_kernel_of_a_users_server_is_that_users_job(team: Team) -> None:
         assert other["private"] is True and other["user"] == U2
     finally:
         s2.shutdown_kernel(kc)
-    wait_state(team, int(env[0]), ("COMPLETED", "CANCELLED"))  # shutting the kernel down frees its GPU
+    team.wait_state(int(env[0]), ("COMPLETED", "CANCELLED"))  # shutting the kernel down frees its GPU
 
 
 @pytest.mark.skipif(not RUNS_AS_OWNER, reason="jobs do not run as their owners yet (runner has no run_as)")
@@ -153,7 +141,7 @@ def test_a_job_submitted_from_a_job_belongs_to_the_same_user(team: Team) -> None
     s1 = team.servers[U1]
     job = s1.api("POST", "jobs", json={"command": [str(USER_PYTHON), "-c", code], "gpus": 0,
                                        "env": {"GPUJOBS_USER": U2, "GPUJOBS_TOKEN": "token-of-" + U2}}).json()
-    wait_state(team, job["id"], ("COMPLETED", "FAILED"))
+    team.wait_state(job["id"], ("COMPLETED", "FAILED"))
     assert s1.api("GET", f"jobs/{job['id']}/log").json()["data"].split() == [U1, U1]
 
 
@@ -167,7 +155,7 @@ def test_another_users_job_shows_only_its_queue_view(team: Team) -> None:
     secret = {"name": "secret-name", "command": ["sleep", "60"], "gpus": 1, "env": {"API_KEY": "s3cret"}}
     job = s1.api("POST", "jobs", json=secret).json()
     jid = job["id"]
-    wait_state(team, jid, ("RUNNING",))
+    team.wait_state(jid, ("RUNNING",))
     with team.socket_client() as root:
         paths = [f"jobs/{jid}", f"jobs/{jid}/log", f"jobs/{jid}/events", f"jobs/{jid}/stats"]
         code = (ON_SOCKET.format(sock=str(team.socket))
@@ -204,7 +192,7 @@ def test_another_users_job_shows_only_its_queue_view(team: Team) -> None:
         assert listed[jid]["command"] is None and listed[jid]["private"] is True
         assert {j["id"]: j for j in s1.api("GET", "jobs?state=RUNNING").json()["jobs"]}[jid]["command"] == ["sleep", "60"]
         waiting = [s1.api("POST", "jobs", json={"command": ["sleep", "60"], "gpus": 4, "name": "big"}).json()["id"]]
-        wait_state(team, waiting[0], ("PENDING",))
+        team.wait_state(waiting[0], ("PENDING",))
         queued = {j["id"]: j for j in s2.api("GET", "queue").json()["jobs"]}
         assert queued[waiting[0]]["position"] == 1 and queued[waiting[0]]["reason"]
         assert queued[waiting[0]]["name"] is None and queued[waiting[0]]["user"] == U1
@@ -333,14 +321,14 @@ def test_a_burst_from_both_users_never_shares_a_gpu_and_is_fair(team: Team) -> N
         with team.socket_client() as c:  # working in the team's folder under /tmp, it keeps the machine's /tmp
             blocker = c.post("jobs", json={"command": ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
                                            "gpus": 4, "cwd": str(team.base)}).json()["id"]
-        wait_state(team, blocker, ("RUNNING",))
+        team.wait_state(blocker, ("RUNNING",))
         for _ in range(8):
             ids[U1].append(s1.api("POST", "jobs", json={"command": ["sleep", "1.5"], "gpus": 1}).json()["id"])
         for _ in range(4):
             ids[U2].append(s2.api("POST", "jobs", json={"command": ["sleep", "1.5"], "gpus": 1}).json()["id"])
         go.touch()
         fair = {u: list(v) for u, v in ids.items()}
-        fair_jobs = {jid: wait_state(team, jid, ("COMPLETED",), timeout=60) for u in USERS for jid in fair[u]}
+        fair_jobs = {jid: team.wait_state(jid, ("COMPLETED",), timeout=60) for u in USERS for jid in fair[u]}
         # then everything at once: the CLI, REST with 2 GPUs, and %%gpujob cells in each user's kernel
         cells = {}
         for user, kc in kernels.items():
@@ -358,7 +346,7 @@ def test_a_burst_from_both_users_never_shares_a_gpu_and_is_fair(team: Team) -> N
             for msg_id in cells[user]:
                 reply = _reply(kc, msg_id, timeout=120)
                 assert reply["status"] == "ok", reply
-        jobs = {jid: wait_state(team, jid, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"), timeout=180)
+        jobs = {jid: team.wait_state(jid, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"), timeout=180)
                 for user in USERS for jid in ids[user]}
     finally:
         watch.stop.set()

@@ -114,6 +114,7 @@ def test_a_job_with_nodes_runs_on_both_nodes_through_the_engine(cluster: TwoNode
             job = client.submit(["sh", "-c", script], gpus=1, nodes=2, name="two-nodes")
             assert job["nodes"] == 2
             wait_job(client, job["id"], ("RUNNING",), timeout=60)
+            time.sleep(2.5)  # Slurm's times are whole seconds: a run that ends at once bills 0 GPU-hours
             go.touch()
             done = wait_job(client, job["id"], ("COMPLETED", "FAILED"), timeout=60)
             assert done["state"] == "COMPLETED", done

@@ -187,6 +187,20 @@ def test_queue_names_each_job_with_its_reason_and_start_before_finished_jobs(pag
     screenshot(page, "panel-quota", quota)
 
 
+def test_the_quota_says_how_many_gpu_hours_of_a_budget_are_left(page: Any, client: Any) -> None:
+    """A GPU-hour budget (issue 30) shows in the panel's quota section as a bar with what is left
+    of it this period."""
+    me = client.whoami()["user"]
+    client.set_budget("users", me, {"gpu_hours": 10, "period": "month"})
+    try:
+        quota = open_panel(page).locator(".jp-GPUJobs-quota")
+        wait_for(lambda: "GPU-hours left this month" in quota.inner_text(), 15, "the budget in the quota section")
+        assert re.search(r"\d+\.\d of 10 GPU-hours left this month", quota.inner_text()), quota.inner_text()
+        screenshot(page, "panel-budget", quota)
+    finally:
+        client.set_budget("users", me, None)
+
+
 def test_gpu_shares_reservations_and_notification_settings_in_the_panel(page: Any, client: Any, lab: Lab) -> None:
     """Two jobs on halves of one GPU show on its card with their parts; an advance reservation
     shows with when it is on; notifications are opted into (a webhook) and off again."""
