@@ -59,18 +59,8 @@ def say(text: str) -> None:
 
 
 def on_server(fake_gpus: str, scenario: Callable[[LiveServer, Path], Any], **kw: Any) -> Any:
-    """Run `scenario(server, runs)` on a fresh server in a temporary directory, cleaned up after."""
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        runs = tmp / "runs"
-        runs.mkdir()
-        servers = live_servers(tmp)
-        make = next(servers)
-        try:
-            return scenario(make(fake_gpus=fake_gpus, **kw), runs)
-        finally:
-            kill_job_processes(runs)
-            next(servers, None)
+    """Run `scenario(server, runs)` on one fresh server (`on_servers` with a single server)."""
+    return on_servers(lambda make, runs: scenario(make(fake_gpus=fake_gpus, **kw), runs))
 
 
 def disk_full(server: LiveServer, runs: Path) -> tuple[Counts, dict[str, Any]]:

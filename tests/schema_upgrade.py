@@ -48,6 +48,23 @@ def write_at_first_schema(url: str) -> tuple[int, int]:
     return done, waiting
 
 
+def write_pending_job_at(url: str, revision: str) -> int:
+    """A database at `revision` with one pending job of alice's written through that revision's
+    own tables (today's ORM has columns an older schema lacks); returns its id."""
+    old = Store(url)
+    old.migrate(revision)
+    meta = MetaData()
+    meta.reflect(old.engine)
+    with old.engine.begin() as conn:
+        job_id = conn.execute(insert(meta.tables["jobs"]).values(
+            user="alice", kind="script", command=["true"], gpus=1, priority="normal", preemptible=False,
+            requeue=True, offpeak=False, depends=[], env={}, payload={}, state="PENDING", submitted_at=1.0,
+            assigned_gpus=[], borrowed=False, reason="submitted", run_seconds=0.0, restarts=0,
+            runner_handle={})).inserted_primary_key[0]
+    old.close()
+    return int(job_id)
+
+
 def check_upgrade_keeps_jobs(url: str) -> None:
     """Open the old database as the server does (`migrate()` to the newest revision): every
     job, event and field written at the first revision reads back, and the newer tables work."""

@@ -214,23 +214,13 @@ def test_bad_settings_are_refused_naming_the_field_and_good_ones_outlive_a_resta
 
 
 def test_upgrade_to_stored_notifications_keeps_jobs(tmp_path: Any) -> None:
-    from sqlalchemy import MetaData, insert
+    from schema_upgrade import write_pending_job_at
 
     from jupyter_gpujobs.engine.store import Store
     from jupyter_gpujobs.engine.store.notifications import load_settings, save_settings
 
     url = f"sqlite:///{tmp_path / 'gpujobs.sqlite'}"
-    old = Store(url)
-    old.migrate("0006")  # the schema before notification settings were stored, written through its own tables
-    meta = MetaData()
-    meta.reflect(old.engine)
-    with old.engine.begin() as conn:
-        job_id = conn.execute(insert(meta.tables["jobs"]).values(
-            user="alice", kind="script", command=["true"], gpus=1, priority="normal", preemptible=False,
-            requeue=True, offpeak=False, depends=[], env={}, payload={}, state="PENDING", submitted_at=1.0,
-            assigned_gpus=[], borrowed=False, reason="submitted", run_seconds=0.0, restarts=0,
-            runner_handle={})).inserted_primary_key[0]
-    old.close()
+    job_id = write_pending_job_at(url, "0006")  # the schema before notification settings were stored
     store = Store(url)
     store.migrate()
     try:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schema_upgrade import check_newer_schema_is_refused, check_upgrade_keeps_jobs
-from sqlalchemy import MetaData, insert
+from schema_upgrade import check_newer_schema_is_refused, check_upgrade_keeps_jobs, write_pending_job_at
 
 from jupyter_gpujobs.model import JobState
 
@@ -24,17 +23,7 @@ def test_upgrade_to_stored_quotas_keeps_jobs_and_keeps_quotas_across_reopening(t
     from jupyter_gpujobs.engine.store import Store
 
     url = f"sqlite:///{tmp_path / 'gpujobs.sqlite'}"
-    old = Store(url)
-    old.migrate("0003")  # the schema before quotas were stored, written through its own tables
-    meta = MetaData()
-    meta.reflect(old.engine)
-    with old.engine.begin() as conn:
-        job_id = conn.execute(insert(meta.tables["jobs"]).values(
-            user="alice", kind="script", command=["true"], gpus=1, priority="normal", preemptible=False,
-            requeue=True, offpeak=False, depends=[], env={}, payload={}, state="PENDING", submitted_at=1.0,
-            assigned_gpus=[], borrowed=False, reason="submitted", run_seconds=0.0, restarts=0,
-            runner_handle={})).inserted_primary_key[0]
-    old.close()
+    job_id = write_pending_job_at(url, "0003")  # the schema before quotas were stored
     store = Store(url)
     store.migrate()
     assert store.revision() != "0003"
