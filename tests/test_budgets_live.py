@@ -156,6 +156,9 @@ def test_a_used_up_group_budget_holds_its_jobs_warns_and_outlives_a_restart(live
     assert by_id[held["id"]]["wait_s"] > 1
     # bob sees only his own; the CLI writes CSV that says the same
     assert {r["user"] for r in c["bob"].accounting(since=began - 1)["records"]} == {"bob"}
+    with pytest.raises(GPUJobsError) as err:
+        c["bob"].accounting(since=began - 1, user="alice")
+    assert err.value.status == 403 and err.value.field == "user"
     out = server.cli("accounting", "--since", str(began - 1), "--until", str(until))
     assert out.returncode == 0, out.stderr
     rows_csv = list(csv.DictReader(io.StringIO(out.stdout)))

@@ -35,6 +35,22 @@ class Access:
             return False
         return user == "root" or in_group(user, s.admin_group)
 
+    def records_of(self, viewer: str, asked: str | None, what: str) -> str | None:
+        """Whose records (budgets, accounting) `viewer` may read when asking for `asked`'s: an
+        admin anyone's (None: everyone's), another user only their own; PermissionDenied
+        naming the `user` field otherwise."""
+        if self.is_admin(viewer):
+            return asked
+        if asked is not None and asked != viewer:
+            err = PermissionDenied(f"only admins may see another user's {what}")
+            err.field = "user"  # type: ignore[attr-defined]
+            raise err
+        return viewer
+
+    def require_admin(self, viewer: str, what: str) -> None:
+        if not self.is_admin(viewer):
+            raise PermissionDenied(f"only admins may {what}")
+
     def member(self, user: str, group: str) -> bool:
         if user in self.state.group_members.get(group, ()):
             return True

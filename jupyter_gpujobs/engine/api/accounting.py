@@ -32,12 +32,7 @@ class BudgetsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        user = self.text_arg("user")
-        admin = self.service.is_admin(self.owner)
-        if user is not None and user != self.owner and not admin:
-            raise ApiError(403, "user", "only admins may see another user's budgets")
-        if user is None and not admin:
-            user = self.owner
+        user = self.service.access.records_of(self.owner, self.text_arg("user"), "budgets")
         self.reply({"budgets": self.service.rules.budget_views(user)})
 
     @web.authenticated
@@ -57,7 +52,7 @@ class AuditHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.require_admin()
+        self.service.access.require_admin(self.owner, "read the audit trail")
         since, until = time_range(self.get_argument("since", None), self.get_argument("until", None), time.time(),
                                   default_span_s=30 * 86400)
         action = self.text_arg("action")
@@ -77,14 +72,8 @@ class AccountingHandler(GPUJobsHandler):
         fmt = self.text_arg("format") or "json"
         if fmt not in ("json", "csv"):
             raise ApiError(400, "format", "expected json or csv")
-        user = self.text_arg("user")
-        if not self.service.is_admin(self.owner):
-            if user is not None and user != self.owner:
-                raise ApiError(403, "user", "only admins may see another user's jobs")
-            user = self.owner
-        records = accounting.job_records(self.service.store, since, until, now)
-        if user is not None:
-            records = [r for r in records if r["user"] == user]
+        user = self.service.access.records_of(self.owner, self.text_arg("user"), "jobs")
+        records = accounting.job_records(self.service.store, since, until, now, user)
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.finish(accounting.records_csv(records))

@@ -129,15 +129,20 @@ RECORD_FIELDS = ("job_id", "user", "group", "name", "state", "nodes", "gpus", "g
                  "gpu_hours", "memory_max_mb", "wait_s", "submitted_at", "started_at", "ended_at", "host")
 
 
-def job_records(store: Store, since: float, until: float, now: float) -> list[dict[str, Any]]:
-    """One record per job that held GPUs in [since, until) or was submitted in it, oldest
-    first: who, what it asked, the GPU models it got, its GPU-hours in the range (every
-    allocation clipped to it, one still held to `now`; a share by its fraction), its peak GPU
-    memory, its wait (submission to its last start) and state."""
+def job_records(store: Store, since: float, until: float, now: float,
+                user: str | None = None) -> list[dict[str, Any]]:
+    """One record per job (of `user`, or everyone's) that held GPUs in [since, until) or was
+    submitted in it, oldest first: who, what it asked, the GPU models it got, its GPU-hours in
+    the range (every allocation clipped to it, one still held to `now`; a share by its
+    fraction), its peak GPU memory, its wait (submission to its last start) and state."""
     alloc_q = (select(AllocationRow.job_id, AllocationRow.gpu_uuid, AllocationRow.started_at,
                       AllocationRow.released_at, AllocationRow.share)
                .where(AllocationRow.started_at < until,
                       or_(AllocationRow.released_at.is_(None), AllocationRow.released_at > since)))
+    submitted_q = select(JobRow.id).where(JobRow.submitted_at >= since, JobRow.submitted_at < until)
+    if user is not None:  # (a user's export reads only their own rows)
+        alloc_q = alloc_q.join(JobRow, JobRow.id == AllocationRow.job_id).where(JobRow.user == user)
+        submitted_q = submitted_q.where(JobRow.user == user)
     seconds: dict[int, float] = {}
     uuids: dict[int, set[str]] = {}
     end_now = min(until, now)
@@ -146,8 +151,7 @@ def job_records(store: Store, since: float, until: float, now: float) -> list[di
             span = min(until, released if released is not None else end_now) - max(since, started)
             seconds[job_id] = seconds.get(job_id, 0.0) + max(0.0, span) * (share if share is not None else 1.0)
             uuids.setdefault(job_id, set()).add(uuid)
-        ids = set(seconds) | set(s.scalars(select(JobRow.id).where(JobRow.submitted_at >= since,
-                                                                      JobRow.submitted_at < until)).all())
+        ids = set(seconds) | set(s.scalars(submitted_q).all())
         models = {u: n for u, n in s.execute(select(GPUInfoRow.uuid, GPUInfoRow.name)).all()}
         rows = []
         id_list = sorted(ids)
