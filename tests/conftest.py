@@ -167,3 +167,19 @@ def live_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     Call `.start()` again after `.kill()` to restart on the same database and state dir.
     """
     yield from live_servers(tmp_path)
+
+
+@pytest.fixture
+def events_sockets(jp_ws_fetch: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """`await events_sockets("tok-bob")` -> the events websocket of that token's user on the
+    in-process server (closed after the test)."""
+    opened: list[Any] = []
+
+    async def connect(token: str) -> Any:
+        ws = await jp_ws_fetch("gpujobs", "api", "events", headers={"Authorization": f"token {token}"})
+        opened.append(ws)
+        return ws
+
+    yield connect
+    for ws in opened:
+        ws.close()

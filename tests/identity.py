@@ -25,3 +25,12 @@ class TokenUsers(IdentityProvider):
             return None
         handler._token_authenticated = True  # token requests need no XSRF cookie
         return User(username=name, name=name, display_name=name)
+
+
+def token_users_config(server_config: dict[str, Any], tokens: dict[str, str], own_token: str) -> dict[str, Any]:
+    """An in-process server's config (pytest-jupyter's `jp_server_config`) where each of
+    `tokens` is a user, and the fixtures' own token (`jp_fetch`, `api`) is `own_token`."""
+    return {**server_config,
+            "ServerApp": {**server_config["ServerApp"], "identity_provider_class": "identity.TokenUsers"},
+            "IdentityProvider": {"token": own_token},
+            "TokenUsers": {"users": tokens}}

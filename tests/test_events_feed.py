@@ -9,10 +9,10 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from identity import token_users_config
 
 PY = sys.executable
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-boss": "boss"}
@@ -25,25 +25,7 @@ def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
-    """Every token a user; the fixtures' own token (`api`) is alice's."""
-    return {**jp_server_config,
-            "ServerApp": {**jp_server_config["ServerApp"], "identity_provider_class": "identity.TokenUsers"},
-            "IdentityProvider": {"token": "tok-alice"},
-            "TokenUsers": {"users": TOKENS}}
-
-
-@pytest.fixture
-def sockets(jp_ws_fetch: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
-    opened: list[Any] = []
-
-    async def connect(token: str) -> Any:
-        ws = await jp_ws_fetch("gpujobs", "api", "events", headers={"Authorization": f"token {token}"})
-        opened.append(ws)
-        return ws
-
-    yield connect
-    for ws in opened:
-        ws.close()
+    return token_users_config(jp_server_config, TOKENS, "tok-alice")  # the fixtures' own token is alice's
 
 
 async def job_messages(ws: Any, job_id: int, state: str, timeout: float = 20) -> dict[str, Any]:
@@ -58,11 +40,11 @@ async def job_messages(ws: Any, job_id: int, state: str, timeout: float = 20) ->
             return msg
 
 
-async def test_each_viewer_gets_their_view_of_one_message(api: Any, sockets: Any) -> None:
+async def test_each_viewer_gets_their_view_of_one_message(api: Any, events_sockets: Any) -> None:
     # sockets of others before and after the owner's: the whole message and the queue view
     # are encoded once each, whatever order the websockets are served in
     order = ["tok-bob", "tok-alice", "tok-bob", "tok-boss", "tok-alice", "tok-bob"]
-    feeds = [await sockets(token) for token in order]
+    feeds = [await events_sockets(token) for token in order]
     status, job = await api("POST", "jobs", {"command": [PY, "-c", "print('secret-arg')", "secret-arg"],
                                              "gpus": 0, "name": "secret-name"})
     assert status == 201, job
@@ -74,8 +56,8 @@ async def test_each_viewer_gets_their_view_of_one_message(api: Any, sockets: Any
         assert msg["job"].get("private", False) is not whole, (token, msg)
 
 
-async def test_the_gpus_message_is_shared(api: Any, sockets: Any) -> None:
-    a, b = await sockets("tok-bob"), await sockets("tok-alice")
+async def test_the_gpus_message_is_shared(api: Any, events_sockets: Any) -> None:
+    a, b = await events_sockets("tok-bob"), await events_sockets("tok-alice")
     first = [json.loads(await asyncio.wait_for(ws.read_message(), 10)) for ws in (a, b)]
     assert [m["type"] for m in first] == ["gpus", "gpus"] and first[0] == first[1]
     assert len(first[0]["gpus"]) > 0

@@ -11,10 +11,11 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from identity import token_users_config
 
 PY = sys.executable
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-boss": "boss"}
@@ -28,26 +29,7 @@ def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
-    """Every token a user; the fixtures' own token (jp_fetch, `api`) is alice's."""
-    return {**jp_server_config,
-            "ServerApp": {**jp_server_config["ServerApp"], "identity_provider_class": "identity.TokenUsers"},
-            "IdentityProvider": {"token": "tok-alice"},
-            "TokenUsers": {"users": TOKENS}}
-
-
-@pytest.fixture
-def sockets(jp_ws_fetch: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
-    """`await connect("tok-bob")` -> that user's events websocket (closed after the test)."""
-    opened: list[Any] = []
-
-    async def connect(token: str) -> Any:
-        ws = await jp_ws_fetch("gpujobs", "api", "events", headers={"Authorization": f"token {token}"})
-        opened.append(ws)
-        return ws
-
-    yield connect
-    for ws in opened:
-        ws.close()
+    return token_users_config(jp_server_config, TOKENS, "tok-alice")  # the fixtures' own token is alice's
 
 
 async def read_until(ws: Any, match: Callable[[dict[str, Any]], bool], timeout: float = 15,
@@ -90,8 +72,8 @@ async def saw_no_finding(api: Any, ws: Any) -> None:
     assert any(m["type"] == "job" for m in seen)  # jobs are news to everyone
 
 
-async def test_idle_hog_reaches_its_owner_and_admins_only(api: Any, monitor: Any, sockets: Any) -> None:
-    alice, bob, boss = await sockets("tok-alice"), await sockets("tok-bob"), await sockets("tok-boss")
+async def test_idle_hog_reaches_its_owner_and_admins_only(api: Any, monitor: Any, events_sockets: Any) -> None:
+    alice, bob, boss = await events_sockets("tok-alice"), await events_sockets("tok-bob"), await events_sockets("tok-boss")
     code = "import time; time.sleep(30)"
     job = await submit(api, [PY, "-c", f"import subprocess, sys; subprocess.call([sys.executable, '-c', {code!r}])"],
                        name="notebook-left-open")
@@ -114,8 +96,8 @@ async def test_idle_hog_reaches_its_owner_and_admins_only(api: Any, monitor: Any
     await saw_no_finding(api, bob)
 
 
-async def test_out_of_memory_reaches_its_owner_not_another_user(api: Any, monitor: Any, sockets: Any) -> None:
-    alice, bob = await sockets("tok-alice"), await sockets("tok-bob")
+async def test_out_of_memory_reaches_its_owner_not_another_user(api: Any, monitor: Any, events_sockets: Any) -> None:
+    alice, bob = await events_sockets("tok-alice"), await events_sockets("tok-bob")
     job = await submit(api, [PY, "-c", "import sys\nprint('RuntimeError: CUDA out of memory. Tried to allocate 2 GiB')\n"
                                        "sys.exit(1)"], name="big")
     seen_by_alice: list[dict[str, Any]] = []
@@ -126,8 +108,8 @@ async def test_out_of_memory_reaches_its_owner_not_another_user(api: Any, monito
     await saw_no_finding(api, bob)
 
 
-async def test_admin_hears_of_a_drain_and_its_end(api: Any, monitor: Any, sockets: Any) -> None:
-    boss, alice = await sockets("tok-boss"), await sockets("tok-alice")
+async def test_admin_hears_of_a_drain_and_its_end(api: Any, monitor: Any, events_sockets: Any) -> None:
+    boss, alice = await events_sockets("tok-boss"), await events_sockets("tok-alice")
     monitor.drain("localhost", 3, True, "boss", "fan noise")
     drained = (await read_until(boss, lambda m: m["type"] == "finding" and m["finding"]["kind"] == "gpu_drained"
                                 and m["finding"]["gpu"] == 3))["finding"]
