@@ -90,6 +90,9 @@ class SlurmCluster:
         """Environment additions for Slurm's commands (and the engine that runs them)."""
         return {"SLURM_CONF": str(self.conf)}
 
+    #: the nodes, each its own slurmd on loopback (a subclass may name several)
+    node_names: tuple[str, ...] = ("localhost",)
+
     # ------------------------------------------------------------------ daemons
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
@@ -103,9 +106,13 @@ class SlurmCluster:
                      f"--log-file={log / 'munged.log'}", f"--seed-file={self.root / 'munge' / 'seed'}"], env)
         self._wait(lambda: self.munge_socket.exists(), timeout, "munged")
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], env)
-        self._spawn(["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)], env)
-        self._wait(self._node_idle, timeout, "slurmd (node idle)")
+        for node in self.node_names:
+            self._spawn(["slurmd", "-D", "-N", node, "-f", str(self.conf)], env)
+        self._wait(self._ready, timeout, "slurmd (nodes idle)")
         return self
+
+    def _ready(self) -> bool:
+        return self._node_idle()
 
     def _spawn(self, cmd: list[str], env: dict[str, str]) -> None:
         out = open(self.root / "log" / f"{cmd[0]}.out", "ab")

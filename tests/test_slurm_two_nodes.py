@@ -27,6 +27,8 @@ NODES = ("n1", "n2")
 class TwoNodeCluster(SlurmCluster):
     """SlurmCluster with nodes n1 and n2 on loopback, each its own slurmd."""
 
+    node_names = NODES
+
     def _write_config(self) -> None:
         super()._write_config()
         r = self.root
@@ -44,21 +46,7 @@ class TwoNodeCluster(SlurmCluster):
         gres = (r / "gres.conf").read_text()
         (r / "gres.conf").write_text("".join(gres.replace("NodeName=localhost", f"NodeName={n}") for n in NODES))
 
-    def start(self, timeout: float = 30.0) -> TwoNodeCluster:
-        self._write_config()
-        env = {**os.environ, **self.env()}
-        log = self.root / "log"
-        self._spawn(["munged", "-F", "--force", f"--socket={self.munge_socket}",
-                     f"--key-file={self.root / 'munge' / 'munge.key'}", f"--pid-file={self.root / 'munged.pid'}",
-                     f"--log-file={log / 'munged.log'}", f"--seed-file={self.root / 'munge' / 'seed'}"], env)
-        self._wait(lambda: self.munge_socket.exists(), timeout, "munged")
-        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], env)
-        for n in NODES:
-            self._spawn(["slurmd", "-D", "-N", n, "-f", str(self.conf)], env)
-        self._wait(self._both_idle, timeout, "both slurmd (nodes idle)")
-        return self
-
-    def _both_idle(self) -> bool:
+    def _ready(self) -> bool:
         if not self._node_idle():
             return False
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
