@@ -5,6 +5,8 @@ an idle H200 reserves 616 MiB, which NVML's v1 memory info counts as used)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
 import time
 from typing import Any
@@ -14,30 +16,60 @@ import psutil
 import pytest
 from servers import wait_job, wait_until
 
+from jupyter_gpujobs.client import GPUJobsClient
 from jupyter_gpujobs.engine.gpus import PIDNS_OFFSET
 
 PY = sys.executable
 ROGUE_GPU = 5
 
 
+async def _gpus_message(server: Any, token: str) -> list[dict[str, Any]]:
+    """The GPUs as the events websocket first sends them to `token`'s user."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    ws = await websocket_connect(HTTPRequest(f"ws://127.0.0.1:{server.port}/gpujobs/api/events",
+                                             headers={"Authorization": f"token {token}"}))
+    try:
+        while True:
+            message = json.loads(await ws.read_message())
+            if message["type"] == "gpus":
+                return message["gpus"]
+    finally:
+        ws.close()
+
+
 def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(live_server: Any) -> None:
-    server = live_server(fake_gpus="6xA100")
-    client = server.client()
+    """Admins see whose process it is; a user (bob) sees how much it holds and what to do, in
+    GET gpus, the events websocket and his waiting job's reason, never the process's pid, name
+    or user: the engine sees every process as root, also where /proc hides them from users."""
+    server = live_server(fake_gpus="6xA100", users={"tok-admin": "admin", "tok-bob": "bob"},
+                         config={"admin_users": "admin"})
+    admin, client = (GPUJobsClient(url=server.url, token=tok) for tok in ("tok-admin", "tok-bob"))
     rogue = server.rogue(ROGUE_GPU, GPUJOBS_FAKE_MEM_MB="7800")
     try:
         name = wait_until(lambda: psutil.Process(rogue.pid).name())
-        text = f"in use outside the queue (7.6 GiB held by pid {rogue.pid}, {name}, user root)"
+        whose = f"in use outside the queue (7.6 GiB held by pid {rogue.pid}, {name}, user root)"
+        text = "in use outside the queue (7.6 GiB held by a process the queue did not start)"
 
-        def rogue_gpu() -> dict[str, Any]:
-            return next(g for g in client.gpus() if g["index"] == ROGUE_GPU)
+        def rogue_gpu(who: GPUJobsClient = client) -> dict[str, Any]:
+            return next(g for g in who.gpus() if g["index"] == ROGUE_GPU)
 
         def decided(job_id: int) -> Any:
             j = client.job(job_id)
             return j if j["state"] != "PENDING" or j["reason"] != "waiting for the next scheduling cycle" else None
 
-        assert wait_until(lambda: rogue_gpu()["foreign"] == text), rogue_gpu()
-        out = server.cli("gpus")
-        assert out.returncode == 0 and f"busy: {text}" in out.stdout, out.stdout
+        assert wait_until(lambda: rogue_gpu(admin)["foreign"] == whose), rogue_gpu(admin)
+        assert "ask root to stop pid" in rogue_gpu(admin)["foreign_todo"]
+        seen = rogue_gpu()
+        assert seen["foreign"] == text and "foreign_public" not in seen, seen
+        assert seen["foreign_todo"].startswith("if it is your process, stop it"), seen
+        assert str(rogue.pid) not in json.dumps(client.api("GET", "info")["gpus"])
+        for token, shown in (("tok-bob", text), ("tok-admin", whose)):
+            ws_gpus = asyncio.run(_gpus_message(server, token))
+            assert next(g for g in ws_gpus if g["index"] == ROGUE_GPU)["foreign"] == shown, ws_gpus
+        out = server.cli("gpus")  # as the admin
+        assert out.returncode == 0 and f"busy: {whose}" in out.stdout, out.stdout
 
         # jobs fill every GPU but that one; the next waits, and says why
         sleeper = [PY, "-c", "import time; time.sleep(60)"]
@@ -49,6 +81,7 @@ def test_a_gpu_in_use_outside_the_queue_is_busy_until_released_or_overridden(liv
                 waiting = job
                 break
         assert waiting is not None and f"GPU {ROGUE_GPU} is {text}" in waiting["reason"], waiting
+        assert str(rogue.pid) not in waiting["reason"] and name not in waiting["reason"], waiting
         assert waiting["reason"].startswith("waiting for 1 free GPU; ")
 
         # an admin overrides: the job starts there
@@ -118,7 +151,8 @@ def test_gpus_with_reserved_memory_run_jobs_and_a_real_foreign_process_still_blo
         later = client.submit(sleeper, gpus=1)["id"]
         job = wait_until(lambda: (j := client.job(later))["reason"] and "outside the queue" in j["reason"] and j,
                          what="the waiting job saying why")
-        assert job["state"] == "PENDING" and f"GPU {freed} is {text}" in job["reason"], job
+        public = "in use outside the queue (2.1 GiB held by a process the queue did not start)"
+        assert job["state"] == "PENDING" and f"GPU {freed} is {public}" in job["reason"], job
 
         doctor = server.cli("doctor")
         lines = doctor.stdout.splitlines()

@@ -47,6 +47,11 @@ class Access:
             raise err
         return viewer
 
+    def gpu_views_for(self, views: list[dict[str, Any]], viewer: str) -> list[dict[str, Any]]:
+        """The GPU views as `viewer` may see them: an admin sees whose process uses a GPU
+        outside the queue (pid, name, user); anyone else how much it holds and what to do."""
+        return gpu_views_for(views, self.is_admin(viewer))
+
     def require_admin(self, viewer: str, what: str) -> None:
         if not self.is_admin(viewer):
             raise PermissionDenied(f"only admins may {what}")
@@ -205,6 +210,19 @@ def redact(view: dict[str, Any]) -> dict[str, Any]:
     out["reason"] = public_reason(view.get("state"), view.get("reason"))
     out["depends"] = []
     out["private"] = True
+    return out
+
+
+def gpu_views_for(views: list[dict[str, Any]], admin: bool) -> list[dict[str, Any]]:
+    """`views` (Inventory.gpu_views) for an admin (`admin`) or for anyone else: the
+    `foreign_public` text and what to do take the place of `foreign` and `foreign_todo`."""
+    out = []
+    for view in views:
+        view = dict(view)
+        public = view.pop("foreign_public", None)
+        if public is not None and not admin:
+            view["foreign"], view["foreign_todo"] = public
+        out.append(view)
     return out
 
 

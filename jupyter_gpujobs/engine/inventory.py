@@ -31,6 +31,8 @@ class Inventory:
         self.read_at = 0.0
         self.foreign: dict[tuple[str, int], str] = {}  # (host, index) -> what uses it
         self.foreign_todo: dict[tuple[str, int], str] = {}  # (host, index) -> what to do about it
+        # (host, index) -> both without whose process it is (for non-admins and the jobs' reasons)
+        self.foreign_public: dict[tuple[str, int], tuple[str, str]] = {}
         self.foreign_ignored: dict[tuple[str, int], str] = {}  # (host, index) -> who overrode it
 
     def refresh(self, force: bool = False) -> list[GPU]:
@@ -74,9 +76,11 @@ class Inventory:
             log.info("gpujobs: GPU %s on %s is no longer used outside the queue; the override ends", key[1], key[0])
         self.foreign = {key: use.text for key, use in found.items()}
         self.foreign_todo = {key: use.todo for key, use in found.items()}
+        self.foreign_public = {key: (use.public, use.public_todo) for key, use in found.items()}
         if not found:
             return gpus
-        return [replace(g, foreign=self.foreign[(g.host, g.index)])
+        # the scheduler's reasons reach the job's owner: without whose process it is
+        return [replace(g, foreign=self.foreign_public[(g.host, g.index)][0])
                 if (g.host, g.index) in self.foreign and (g.host, g.index) not in self.foreign_ignored else g
                 for g in gpus]
 
@@ -138,6 +142,8 @@ class Inventory:
                 # in use outside the queue: busy, unless an admin overrode it ("foreign_override": who)
                 "foreign": None if holder else self.foreign.get((g.host, g.index)),
                 "foreign_todo": None if holder else self.foreign_todo.get((g.host, g.index)),
+                # the same without whose process it is (Access.gpu_views_for shows these to non-admins)
+                "foreign_public": None if holder else self.foreign_public.get((g.host, g.index)),
                 "foreign_override": None if holder else self.foreign_ignored.get((g.host, g.index)),
                 # who holds how much of it: each job with its share (None: the whole card), its
                 # memory limit and use (MB); a MIG instance is a GPU of its own ("mig")

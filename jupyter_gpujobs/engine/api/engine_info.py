@@ -18,7 +18,8 @@ class GPUsHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        out: dict[str, Any] = {"gpus": self.service.gpu_views(), "backend": self.service.gpus.name,
+        out: dict[str, Any] = {"gpus": self.service.access.gpu_views_for(self.service.gpu_views(), self.owner),
+                               "backend": self.service.gpus.name,
                                "isolation": self.service.isolation,
                                "share_enforcement": self.service.shares.describe(self.service.inventory),
                                "share_mode": self.service.shares.mode()}
@@ -58,7 +59,7 @@ class InfoHandler(GPUJobsHandler):
 
         user = self.owner
         admin = self.service.is_admin(user)
-        gpus = self.service.gpu_views()
+        gpus = self.service.access.gpu_views_for(self.service.gpu_views(), user)
         store = store_report(self.service.store)
         if not admin:
             store.pop("url")

@@ -11,6 +11,7 @@ from typing import Any
 
 from tornado import websocket
 
+from ..access import gpu_views_for
 from ..monitor import may_see
 from ..service import JobService
 from .base import AuthorizedWebSocket, job_owner
@@ -61,11 +62,14 @@ class EventsHandler(AuthorizedWebSocket):
         return text
 
     def _send_gpus(self) -> None:
-        cached: list[Any] = self.settings.setdefault("gpujobs_ws_gpus", [-float("inf"), None])
+        # [made at, the admins' message, everyone else's] (gpu_views_for: whose process uses a GPU)
+        cached: list[Any] = self.settings.setdefault("gpujobs_ws_gpus", [-float("inf"), None, None])
         now = time.monotonic()
         if now - cached[0] >= self.GPUS_EVERY_S:
-            cached[0], cached[1] = now, {"type": "gpus", "gpus": self.service.gpu_views()}
-        self._send(cached[1])
+            views = self.service.gpu_views()
+            cached[:] = [now, {"type": "gpus", "gpus": gpu_views_for(views, True)},
+                         {"type": "gpus", "gpus": gpu_views_for(views, False)}]
+        self._send(cached[1] if self._admin else cached[2])
 
     def on_message(self, message: str | bytes) -> None:
         pass

@@ -119,7 +119,7 @@ class DrainHandler(MonitorHandler):
         self.monitor.drain(host, gpu, draining, self.owner, reason)
         self.service.rules.audit(self.owner, "drain", f"gpu:{host}:{gpu}", {"draining": before},
                                  {"draining": draining, "reason": reason})
-        self.reply({"gpus": self.service.gpu_views()})
+        self.reply({"gpus": self.service.access.gpu_views_for(self.service.gpu_views(), self.owner)})
 
 
 class ForeignOverrideHandler(GPUJobsHandler):
@@ -133,7 +133,7 @@ class ForeignOverrideHandler(GPUJobsHandler):
         self.service.ignore_foreign(host, gpu, override, self.owner, reason)
         self.service.rules.audit(self.owner, "foreign", f"gpu:{host}:{gpu}", None,
                                  {"override": override, "reason": reason})
-        self.reply({"gpus": self.service.gpu_views()})
+        self.reply({"gpus": self.service.access.gpu_views_for(self.service.gpu_views(), self.owner)})
 
 
 class GPUSamplesHandler(MonitorHandler):

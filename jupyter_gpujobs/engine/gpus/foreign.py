@@ -9,6 +9,11 @@ Beyond `threshold_mb` the GPU is in use outside the queue.
 
 `foreign_use` is pure but for `describe_pid`, which reads a process's name and user through
 psutil. The service calls it for each GPU no job holds; nothing here calls the engine.
+
+Whose process it is (pid, name, user) is for admins (`text`, `todo`); everyone else, and every
+job's reason, gets `public` and `public_todo`, which say how much is held by how many processes
+and nothing of whose: a user must not learn another's processes through the engine, which sees
+them as root even where /proc hides them (hidepid).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class ForeignUse:
     text: str  # completes "GPU 0 is ...": "in use outside the queue (2.1 GiB held by pid 4242, python, user bob)"
     todo: str  # what to do about it
     pids: tuple[int, ...] = ()  # the processes, biggest first; empty: nothing attributed
+    public: str = ""  # `text` without whose: "in use outside the queue (2.1 GiB held by a process ...)"
+    public_todo: str = ""  # `todo` for someone who may not see whose process it is
 
 
 def size_text(mb: float) -> str:
@@ -68,12 +75,11 @@ def foreign_use(gpu: GPU, processes: list[GPUProcess] | None, threshold_mb: int,
         return None
     override = f"an admin can hand it out anyway: jupyter gpujobs gpus --override {gpu.index} --reason '...'"
     if not procs:
-        return ForeignUse(
-            gpu.index, held,
-            f"in use outside the queue (memory the engine cannot attribute: {size_text(held)} over the baseline)",
-            f"compare with `nvidia-smi -i {gpu.index} --query-gpu=memory.used,memory.reserved --format=csv`; "
-            f"if that memory is no process's, raise c.GPUJobs.foreign_memory_threshold above {held} (MiB); "
-            f"or {override}")
+        text = f"in use outside the queue (memory the engine cannot attribute: {size_text(held)} over the baseline)"
+        todo = (f"compare with `nvidia-smi -i {gpu.index} --query-gpu=memory.used,memory.reserved --format=csv`; "
+                f"if that memory is no process's, raise c.GPUJobs.foreign_memory_threshold above {held} (MiB); "
+                f"or {override}")
+        return ForeignUse(gpu.index, held, text, todo, (), text, todo)
     procs.sort(key=lambda p: p.used_memory_mb or 0, reverse=True)
     top = procs[0]
     who = describe(top.pid)
@@ -86,7 +92,11 @@ def foreign_use(gpu: GPU, processes: list[GPUProcess] | None, threshold_mb: int,
     else:
         todo = (f"find pid {top.pid} with nvidia-smi where the driver's pids are seen (the host) and stop it; "
                 f"{override}")
-    return ForeignUse(gpu.index, held, text, todo, tuple(p.pid for p in procs))
+    count = "a process" if len(procs) == 1 else f"{len(procs)} processes"
+    public = f"in use outside the queue ({size_text(held)} held by {count} the queue did not start)"
+    public_todo = ("if it is your process, stop it or run it through the queue (`jupyter gpujobs submit`); "
+                   "else ask an admin: `jupyter gpujobs gpus` shows them whose it is")
+    return ForeignUse(gpu.index, held, text, todo, tuple(p.pid for p in procs), public, public_todo)
 
 
 __all__ = ["NOT_VISIBLE", "ForeignUse", "describe_pid", "foreign_use", "size_text"]
