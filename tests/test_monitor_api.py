@@ -256,20 +256,22 @@ async def test_usage_and_heatmap_api_on_seeded_history(api: Any, monitor: Any) -
     store = monitor.store
     t0 = datetime(2026, 3, 2, 9, 0).timestamp()  # a Monday, local time
     mstore.record_gpus(store, [GPU(0, "GPU-seed-a", "V100", "seed-host", 16384)], t0)
-    for user, group, start, hours in (("ann", "vision", t0, 2.0), ("ben", None, t0 + 7200, 0.5)):
+    # ben's second job is a quarter of the card for 2 hours: 0.5 GPU-hours, as budgets count it
+    for user, group, start, hours, share in (("ann", "vision", t0, 2.0, None), ("ben", None, t0 + 7200, 0.5, None),
+                                             ("ben", None, t0 + 9000, 2.0, 0.25)):
         job = store.add_jobs([{"user": user, "group": group, "command": ["x"], "gpus": 1}], user, start)[0]
-        store.start(job.id, "seed-host", [(0, "GPU-seed-a")], start)
+        store.start(job.id, "seed-host", [(0, "GPU-seed-a")], start, share=share)
         store.transition(job.id, JobState.COMPLETED, "runner", "completed", start + hours * 3600)
     mstore.add_samples(store, [mstore.SampleValues("seed-host", 0, "GPU-seed-a", t0 + 60 * i, utilization=float(u))
                                for i, u in enumerate([10, 30, 80])])
     rng = {"since": str(t0 - 3600), "until": "2026-03-02T18:00"}
     status, body = await api("GET", "usage", params={**rng, "by": "user"})
     assert status == 200, body
-    assert [(r["key"], r["gpu_hours"]) for r in body["rows"]] == [("ann", 2.0), ("ben", 0.5)]
+    assert [(r["key"], r["gpu_hours"]) for r in body["rows"]] == [("ann", 2.0), ("ben", 1.0)]
     status, body = await api("GET", "usage", params={**rng, "by": "model"})
-    assert body["rows"] == [{"key": "V100", "gpu_hours": 2.5, "jobs": 2}]
+    assert body["rows"] == [{"key": "V100", "gpu_hours": 3.0, "jobs": 3}]
     status, body = await api("GET", "usage", params={**rng, "by": "group"})
-    assert {r["key"]: r["gpu_hours"] for r in body["rows"]} == {"vision": 2.0, "(none)": 0.5}
+    assert {r["key"]: r["gpu_hours"] for r in body["rows"]} == {"vision": 2.0, "(none)": 1.0}
     status, heat = await api("GET", "usage/heatmap", params=rng)
     assert status == 200 and heat["weekdays"][0] == "Mon" and len(heat["utilization"]) == 7
     assert heat["utilization"][0][9] == 40.0 and heat["samples"][0][9] == 3

@@ -91,7 +91,8 @@ def usage_report(store: Store, since: float, until: float, by: str, now: float) 
             key = a["group"] or "(none)"
         else:
             key = models.get(a["gpu_uuid"], "unknown")
-        hours[key] = hours.get(key, 0.0) + (end - start) / 3600.0
+        # a share counts by its part of the card, as budgets and accounting count it
+        hours[key] = hours.get(key, 0.0) + (end - start) * a["share"] / 3600.0
         jobs.setdefault(key, set()).add(a["job_id"])
     rows = [{"key": k, "gpu_hours": round(v, 4), "jobs": len(jobs[k])}
             for k, v in sorted(hours.items(), key=lambda kv: (-kv[1], kv[0]))]

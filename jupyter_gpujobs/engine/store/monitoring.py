@@ -522,16 +522,18 @@ def set_finding_action(store: Store, finding_id: int, action: str) -> None:
 
 
 def allocations_between(store: Store, since: float, until: float) -> list[dict[str, Any]]:
-    """GPU allocations overlapping [since, until) with their job's user and group."""
+    """GPU allocations overlapping [since, until) with their job's user and group, and the part
+    of the card each held (`share`: 1.0 for a whole GPU)."""
     q = (select(AllocationRow.job_id, AllocationRow.host, AllocationRow.gpu_index, AllocationRow.gpu_uuid,
-                AllocationRow.started_at, AllocationRow.released_at, JobRow.user, JobRow.group)
+                AllocationRow.started_at, AllocationRow.released_at, JobRow.user, JobRow.group,
+                AllocationRow.share)
          .join(JobRow, JobRow.id == AllocationRow.job_id)
          .where(AllocationRow.started_at < until,
                 or_(AllocationRow.released_at.is_(None), AllocationRow.released_at > since)))
     with store.session() as s:
         return [{"job_id": j, "host": h, "gpu_index": i, "gpu_uuid": u, "started_at": a, "released_at": r,
-                 "user": user, "group": group}
-                for j, h, i, u, a, r, user, group in s.execute(q).all()]
+                 "user": user, "group": group, "share": share if share is not None else 1.0}
+                for j, h, i, u, a, r, user, group, share in s.execute(q).all()]
 
 
 def jobs_like(store: Store, user: str, name: str, ended_by: float, limit: int = 50) -> list[Any]:
