@@ -1,8 +1,7 @@
 """The Unix users jobs run as: whether a job's owner is one on this machine, whether the engine
-runs each job as its owner (`run_as_owner`), whether a folder is open to that user (read from
-the mode bits; the engine's own check of a job's folder is made as the user, `userfiles`),
-where `~` is for that user (`expand_home`), and whether a user is in a Unix group (the shared
-engine's admins).
+runs each job as its owner (`run_as_owner`), where `~` is for that user (`expand_home`), and whether a user is in a Unix group (the shared
+engine's admins). Whether a folder is open to a user is never read here from mode bits as
+root: the engine asks as the user (`engine/userfiles.py`).
 
 Only a root engine can start a process as another user; a personal engine (not root) runs
 every job as itself, as before.
@@ -13,7 +12,6 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import stat
 import time
 
 RUN_AS_MODES = ("auto", "always", "never")
@@ -86,42 +84,6 @@ def run_as(owner: str, mode: str = "auto") -> str | None:
     if entry.pw_uid == os.geteuid():
         return None
     return entry.pw_name
-
-
-def can_enter(path: str, user: str) -> bool:
-    """May `user` enter the folder `path` (search permission on it and every parent)? Read
-    from the mode bits, owner and group of each folder, as the kernel checks them without
-    ACLs; the job's own chdir as that user is the final word."""
-    entry = lookup(user)
-    if entry is None:
-        return False
-    if entry.pw_uid == 0:
-        return os.path.isdir(path)
-    groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    current = os.path.abspath(path)
-    chain = []
-    while True:
-        chain.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for folder in reversed(chain):
-        try:
-            st = os.stat(folder)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode):
-            return False
-        if st.st_uid == entry.pw_uid:
-            bit = stat.S_IXUSR
-        elif st.st_gid in groups:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not st.st_mode & bit:
-            return False
-    return True
 
 
 def expand_home(path: str, unix_user: str | None) -> str | None:
