@@ -1,6 +1,6 @@
 """The Unix users jobs run as: whether a job's owner is one on this machine, whether the engine
-runs each job as its owner (`run_as_owner`), where `~` is for that user (`expand_home`), and whether a user is in a Unix group (the shared
-engine's admins). Whether a folder is open to a user is never read here from mode bits as
+runs each job as its owner (`run_as_owner`), where `~` is for that user (`expand_home`), and
+whether a user is in a Unix group (the shared engine's admins). Whether a folder is open to a user is never read here from mode bits as
 root: the engine asks as the user (`engine/userfiles.py`).
 
 Only a root engine can start a process as another user; a personal engine (not root) runs
