@@ -394,6 +394,18 @@ class GPUJobs(Configurable):
                             "one (the engine runs as root); the start line, `jupyter gpujobs gpus` and doctor "
                             "say whether it is in force. A job whose working directory is under /tmp keeps the "
                             "machine's /tmp.")
+    default_image = Unicode("", config=True,
+                            help="The container image a job runs in when it names none (docs/containers.md); "
+                                 "empty: the host's own environment. A job asks for the host with image \"\".")
+    allowed_images = List(Unicode(), config=True,
+                          help="Shell patterns of the images jobs may run in, e.g. ['localhost/*', "
+                               "'docker.io/library/*', '/shared/images/*.sif']; empty: any image.")
+    container_runtime = Unicode("podman", config=True,
+                                help="The container runtime of image names (an entry point of "
+                                     "jupyter_gpujobs.containers: podman); an image file (.sif) runs in apptainer.")
+    container_options = List(Unicode(), config=True,
+                             help="More options for every container run, in the runtime's own words, after the "
+                                  "engine's (e.g. ['--network=none'] for podman).")
     log_max_bytes = Integer(1 << 30, config=True,
                             help="Largest log of a job, in bytes (0: no cap; at least 65536): past it the first "
                                  "half and the newest output are kept, with a line saying how much was cut.")

@@ -726,6 +726,8 @@ class Job:
     retries: int = 0
     retry_backoff_s: int = 30
     retry_oom: bool = False
+    # the container image it runs in (issue 29; engine/containers): None for the host's environment
+    image: str | None = None
     # --- state
     state: JobState = JobState.PENDING
     submitted_at: float = 0.0
@@ -954,7 +956,27 @@ MIN_MEM_BYTES = 16 << 20
 MAX_MEM_BYTES = 1 << 50
 MAX_CPUS = 4096
 _MEM_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    "image",
 
+
+#: An image reference (`image: "localhost/pytorch:2.3"`, `"docker.io/library/python:3.12"`) or an
+#: image file's absolute path (`"/shared/images/cuda.sif"`): no spaces, no control characters.
+IMAGE_PATTERN = re.compile(r"[A-Za-z0-9/][A-Za-z0-9._/:@+-]{0,511}")
+
+
+def parse_image(value: Any) -> str | None:
+    """The container image a job runs in (issue 29): None when none was given (the site's
+    default), "" for none at all (the host's own environment), else the reference as given."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput("image", f"expected an image name such as localhost/pytorch:2.3, got {_short(value)}")
+    image = value.strip()
+    if image and (not IMAGE_PATTERN.fullmatch(image) or "//" in image.replace("://", "", 1)):
+        raise InvalidInput("image", f"{_short(value)} is not an image name (such as localhost/pytorch:2.3 or "
+                                    "docker.io/library/python:3.12) nor an image file's absolute path "
+                                    "(/shared/images/cuda.sif)")
+    return image
 
 def _parse_size(value: Any, field_name: str) -> int:
     """Bytes from "32G", "512M", "1.5T", "20GB", "16GiB" or a number of megabytes."""
@@ -1226,6 +1248,7 @@ def validate_submission(
 MAX_NODES = 1024
 
 
+        "image": parse_image(body.get("image")),
 def parse_nodes(value: Any) -> int:
     """The nodes of a job (`nodes: 2`, the CLI's `-N 2`): a whole number from 1 to MAX_NODES."""
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():

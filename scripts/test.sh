@@ -26,6 +26,8 @@ step "Debian's PostgreSQL server for the store's PostgreSQL tests"
 scripts/install-postgres.sh
 step "test Unix users and a venv they can run (jobs as their owners)"
 scripts/install-multiuser.sh
+step "rootless podman for those users and the container test image (built here, no registry)"
+scripts/install-podman.sh
 step "JupyterHub and configurable-http-proxy in that venv (the JupyterHub test)"
 scripts/install-jupyterhub.sh
 step "Debian's Slurm and munge for the Slurm runner's tests"

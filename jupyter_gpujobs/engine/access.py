@@ -147,6 +147,7 @@ class Access:
             "requeues": job.requeues,
             "held": job.held, "retries": job.retries, "retried": job.retried,
             "retry_backoff_s": job.retry_backoff_s, "retry_oom": job.retry_oom,
+            "image": job.image,
         }
         return out
 

@@ -25,6 +25,8 @@ from typing import Any
 from ..model import InvalidInput, Job, validate_submission
 from ..notebook.notebooks import check_notebook_files
 from .access import Access
+from .containers import ImageProblem
+from .containers.present import check_present
 from .events import Events
 from .inventory import Inventory
 from .rules import Rules
@@ -79,6 +81,8 @@ class Admission:
         if not self.submissions:
             asyncio.get_running_loop().call_soon(self.store_submissions)
         self.submissions.append((new, future))
+        if new.specs and new.specs[0].get("image"):  # there for the user, as the user, off the loop
+            await self.check_image(user, new.specs[0]["image"])
         return await future
 
     def validated(self, user: str, body: dict[str, Any]) -> NewJobs:
@@ -122,6 +126,7 @@ class Admission:
         if fields["kind"] == "notebook":
             from ..notebook.notebooks import check_notebook_payload
 
+        fields["image"] = self._image(fields["image"])
             payload = fields["payload"]
             if isinstance(payload, dict):
                 payload = {**payload, **{key: _at_home(payload[key], unix_user, f"payload.{key}")
@@ -222,6 +227,32 @@ class Admission:
         cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
         after the first submission that no cycle has seen yet."""
         loop = asyncio.get_running_loop()
+    def _image(self, asked: str | None) -> str | None:
+        """The image a job runs in (`asked`, else the site's default; None: the host's own
+        environment), refused naming it when this engine cannot run it: a runner without
+        containers, an image off the allow-list, a runtime that is not installed."""
+        settings = self.state.containers
+        image = settings.image_for(asked)
+        if not image:
+            return None
+        runner = self.state.runner
+        if not getattr(runner, "runs_containers", False):
+            raise InvalidInput("image", f"image {image}: this server's {runner.name} runner runs no container "
+                                        "images (docs/containers.md)")
+        try:
+            settings.check(image)
+        except ImageProblem as err:
+            raise InvalidInput("image", str(err)) from None
+        return image
+
+    async def check_image(self, user: str, image: str) -> None:
+        """The job's image must be there for the Unix user it runs as before it waits for GPUs:
+        a pull never holds a GPU. Raises InvalidInput("image", ...) naming it."""
+        try:
+            await check_present(self.state.containers.check(image), image, run_as(user, self.state.run_as_owner))
+        except ImageProblem as err:
+            raise InvalidInput("image", str(err)) from None
+
         self.last_submit_at = loop.time()
         if self.burst_timer is None:
             self.burst_started_at = self.last_submit_at

@@ -129,10 +129,14 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         foreign_memory_threshold_mb=None if claim is None else cfg.foreign_memory_threshold,
         shares=shares,
     )
+    from .containers import Containers
     from .monitor import Monitor, MonitorSettings
     from .notify import Notifier, NotifySettings
 
     service.notifier = Notifier(service, NotifySettings.from_config(cfg), log)
+    # jobs in their own images (issue 29, engine/containers)
+    service.state.containers = Containers(runtime=cfg.container_runtime, default_image=cfg.default_image,
+                                          allowed_images=list(cfg.allowed_images), options=list(cfg.container_options))
     # how far the look at a notebook job's notebook (as its user, userfiles.py) may go
     service.admission.input_bounds = Bounds(cfg.notebook_max_bytes, cfg.notebook_check_timeout)
     monitor = Monitor(service, MonitorSettings.from_config(cfg), log)

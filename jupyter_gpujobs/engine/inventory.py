@@ -118,6 +118,11 @@ class Inventory:
         given = {nodes[g.index] for g in gpus if g.index in nodes}  # MIG instances share their card's node
         return sorted({path for path in nodes.values() if path not in given})
 
+    def job_devices(self, gpus: list[GPU]) -> list[str]:
+        """The device nodes of `gpus` (what a job's container gets, issue 29), in their order."""
+        nodes = self.state.gpus.device_nodes()
+        return list(dict.fromkeys(nodes[g.index] for g in gpus if g.index in nodes))
+
     # ------------------------------------------------------------------ the view
 
     def gpu_views(self) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..model import Job, JobState, Plan, Policy
+from .containers import Containers
 from .errors import NotFound
 from .runners import Exit
 from .store import StoreUnavailable
@@ -104,6 +105,8 @@ class EngineState:
         self.gpu_claim = gpu_claim  # the machine-wide claim of the GPUs (claim.py); None: not claimed
         # how GPU shares are enforced (shares.py); the monitor's share watcher reports to `over_share`
         self.shares = shares
+        # the site's container settings (c.GPUJobs.default_image, allowed_images, container_runtime)
+        self.containers = Containers()
         # a runner that schedules itself (Slurm): the engine mirrors it instead of scheduling
         self.mirrored = runner.schedules_itself
 

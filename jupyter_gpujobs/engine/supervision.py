@@ -388,10 +388,11 @@ class Supervisors:
             owner = run_as(job.user, s.run_as_owner)
         except NotAUnixUser:
             owner = job.user  # the runner fails the job with the reason
+        cwd = job.cwd or str(self.access.root_for(job.user))
         return LaunchRequest(
             job_id=job.id,
             command=list(job.command),
-            cwd=job.cwd or str(self.access.root_for(job.user)),
+            cwd=cwd,
             env=env,
             gpu_indices=[g.index for g in gpus],
             gpu_uuids=[g.uuid for g in gpus],
@@ -405,6 +406,8 @@ class Supervisors:
             cpus=job.cpus,
             deny_devices=self.inventory.deny_devices(gpus),
             warn_signal=job.warn_signal,
+            container=s.containers.launch(job.id, job.image, cwd, self.inventory.job_devices(gpus), owner)
+            if job.image else None,
         )
 
     def _discard(self, handle: dict[str, Any]) -> None:

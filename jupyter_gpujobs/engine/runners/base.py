@@ -45,6 +45,9 @@ class LaunchRequest:
     cpus: float | None = None  # CPU limit in cores (cgroup)
     #: a signal before the end, "USR1@300" or "B:USR1@300" (model.WarnSignal.text); None: none
     warn_signal: str | None = None
+    #: the container the job runs in (issue 29: `containers.ContainerRun.as_spec()`, made by the
+    #: engine's container settings); None: the host's environment
+    container: dict[str, Any] | None = None
 
 
 @dataclass
@@ -70,6 +73,9 @@ class Runner(abc.ABC):
     #: that cannot must not be handed such a job: it would run it as the engine's own user
     #: (root, on a shared engine), so the service refuses those jobs at submit.
     runs_as_owner = True
+    #: Whether the runner runs a job in a container image (`LaunchRequest.container`, issue 29); a
+    #: job with an image is refused at submit by an engine whose runner does not.
+    runs_containers = False
     #: Whether the runner's own scheduler decides (Slurm): the engine then mirrors it
     #: (engine/mirror.py) instead of running its cycle.
     schedules_itself = False

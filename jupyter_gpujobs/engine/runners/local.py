@@ -52,6 +52,7 @@ class LocalRunner(Runner):
     """Runs jobs on this machine under one supervisor (shim) process each."""
 
     name = "local"
+    runs_containers = True  # a job in an image: its supervisor runs it there (engine/containers)
     #: most supervisors kept waiting, whatever `standbys` is asked for
     MAX_STANDBYS = 8
 
@@ -134,6 +135,7 @@ class LocalRunner(Runner):
             "deny_devices": list(req.deny_devices) if iso.fence else [],
             "mem_bytes": req.mem_bytes, "cpus": req.cpus, "v2_controllers": list(iso.v2_controllers),
             "bpf_fence": iso.bpf, "warn_signal": req.warn_signal,
+            "container": req.container,
             # the engine's environment only for a personal engine's job run as its own user
             "inherit_env": bool(self.inherit_environment and account is None and req.run_as is None),
             "env_allow": list(self.env_allow), "log_max_bytes": self.log_max_bytes,

@@ -35,7 +35,7 @@ supervision (the `Shim`: signals, limits, the tree, the result) and its entry po
 it, each imported at start: `joblog` (the log, its cap, OOM patterns), `jobtmp` (private
 /tmp and /dev/shm), `jobenv` (environment and user), `spawn` (starting the process),
 `runfiles` (the run directory's JSON files, how a run ended in words). It may call those and
-`cgroups`. Other modules import those names from here (`read_json`, `how_it_ended`,
+`cgroups`, and, for a job in a container image, `containers.wrap` (issue 29). Other modules import those names from here (`read_json`, `how_it_ended`,
 `OOM_PATTERNS`, `probe_private_mounts`...), which it re-exports.
 """
 
@@ -369,6 +369,10 @@ class Shim:
                 cgroups.remove(self.cg)
                 return self.fail_to_start(spec, f"could not confine the job in its cgroup: {err.strerror or err}",
                                           log_fd)
+        if spec.get("container"):  # a job in its image (issue 29): the runtime runs it, as its owner
+            from ..containers import wrap
+
+            command, env = wrap(spec["container"], command, env)
         self.subreaper = _become_subreaper()
         cap = int(spec.get("log_max_bytes") or 0)
         if cap:

@@ -63,6 +63,7 @@ def _to_job(row: JobRow) -> Job:
         share=row.share,
         gpu_memory=row.gpu_memory,
         nodes=row.nodes or 1,
+        image=row.image,
         state=JobState(row.state),
         submitted_at=row.submitted_at,
         started_at=row.started_at,
@@ -91,7 +92,7 @@ _ROW_FIELDS = {
     "preemptible", "requeue", "begin", "offpeak", "array_job_id", "array_index",
     "array_max_running", "cwd", "env", "payload", "mem_bytes", "cpus", "share", "gpu_memory", "nodes", "state", "submitted_at", "started_at", "ended_at",
     "host", "assigned_gpus", "borrowed", "exit_code", "signal", "reason", "run_seconds", "restarts",
-    "warn_signal", "max_requeues", "requeues",
+    "warn_signal", "max_requeues", "requeues", "image",
     "runner_handle", "log_path", "retries", "retry_backoff_s", "retry_oom", "held", "retried",
 }
 

@@ -50,6 +50,7 @@ class JobRow(Base):
     share: Mapped[float | None] = mapped_column(Float, nullable=True)  # revision 0005
     gpu_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # revision 0011
+    image: Mapped[str | None] = mapped_column(Text, nullable=True)  # revision 0013: a container image
     # revision 0010: a signal before the end ("USR1@300"), requeue at a time limit (`Job.max_requeues`)
     warn_signal: Mapped[str | None] = mapped_column(String(32), nullable=True)
     max_requeues: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -1,0 +1,62 @@
+"""Is a job's image there for its owner? Asked at submit, as the owner, off the event loop.
+
+An image of rootless podman is in its owner's own storage (their home) or in a store the
+site shares (`additionalimagestores`): only a process of the owner sees what they may use, so
+the check runs the runtime's `exists_command` as them (never as root), with a time limit, and a
+missing image is a refusal naming it. Nothing is pulled here or later: a pull never holds a GPU.
+
+May call: `containers` (the interface), `runners.users` (the owner's account).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from ..runners.users import account
+from . import ImageProblem, Runtime
+
+#: the most seconds a check may take before the submission is refused
+CHECK_TIMEOUT_S = 30.0
+
+
+async def check_present(runtime: Runtime, image: str, unix_user: str | None,
+                        timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """ImageProblem naming `image` when it is not there for `unix_user` (None: the engine's
+    own user, a personal engine)."""
+    command = runtime.exists_command(image)
+    if command is None:
+        return
+    who: dict[str, object] = {}
+    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    home = os.environ.get("HOME") or "/"
+    if unix_user is not None:
+        acct = account(unix_user)
+        if acct is None:
+            raise ImageProblem(f"{unix_user} is not a user on this machine")
+        name, uid, gid, home, _shell, groups = acct
+        who = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[list-item]
+        env.update({"USER": str(name), "LOGNAME": str(name)})
+    env["HOME"] = str(home)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, cwd="/", env=env, start_new_session=True, close_fds=True,
+            **who)  # type: ignore[arg-type]
+    except OSError as err:
+        raise ImageProblem(f"could not check image {image} ({command[0]}: {err.strerror or err})") from None
+    try:
+        _out, err_text = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise ImageProblem(f"could not check image {image}: {command[0]} gave no answer within "
+                           f"{timeout_s:g} s") from None
+    if proc.returncode == 1 or (proc.returncode != 0 and not err_text.strip()):
+        raise ImageProblem(runtime.missing_text(image))
+    if proc.returncode != 0:
+        last = err_text.decode(errors="replace").strip().splitlines()[-1][:300]
+        raise ImageProblem(f"could not check image {image}: {last}")

@@ -1,0 +1,121 @@
+"""Containers (issue 29) without a container: the image field's checks, the site's settings
+(default image, allow-list, runtimes found by entry points) and what the supervisor runs
+for a job in an image (podman's and Apptainer's command lines). The live path is in
+tests/test_containers_live.py; Apptainer's live test is skipped where it is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from jupyter_gpujobs.engine.containers import (
+    ContainerRun,
+    Containers,
+    ImageProblem,
+    renumbered,
+    runtime_names,
+    wrap,
+)
+from jupyter_gpujobs.engine.containers.apptainer import program
+from jupyter_gpujobs.model import InvalidInput, parse_image
+
+
+def test_image_field_names_what_is_wrong() -> None:
+    assert parse_image(None) is None  # the site's default
+    assert parse_image("") == ""  # the host's own environment
+    assert parse_image(" localhost/pytorch:2.3 ") == "localhost/pytorch:2.3"
+    assert parse_image("/shared/images/cuda.sif") == "/shared/images/cuda.sif"
+    assert parse_image("docker.io/library/python@sha256:abc") == "docker.io/library/python@sha256:abc"
+    for bad in ("two words", "a\nb", "-v/etc:/x", "x" * 600, 3):
+        with pytest.raises(InvalidInput) as err:
+            parse_image(bad)
+        assert err.value.field == "image"
+
+
+def test_allow_list_default_and_runtimes() -> None:
+    assert {"podman", "apptainer"} <= set(runtime_names())
+    settings = Containers(default_image="localhost/site:1", allowed_images=["localhost/*", "/shared/*.sif"])
+    assert settings.image_for(None) == "localhost/site:1" and settings.image_for("") == ""
+    with pytest.raises(ImageProblem, match="docker.io/x:1 is not allowed here; allowed: localhost/"):
+        settings.check("docker.io/x:1")
+    with pytest.raises(ImageProblem, match="no container runtime 'nope'"):
+        Containers(runtime="nope").check("localhost/x:1")
+
+
+def test_gpus_renumbered_inside() -> None:
+    assert renumbered("3") == "0"
+    assert renumbered("2,5") == "0,1"
+    assert renumbered("MIG-1234,4") == "MIG-1234,0"
+    assert renumbered("") == ""
+
+
+def test_podman_command_runs_as_the_owner_with_only_the_jobs_gpus() -> None:
+    run = ContainerRun(module="jupyter_gpujobs.engine.containers.podman", image="localhost/t:1", name="gpujobs-7-ab",
+                       devices=[("/dev/gpujobs-fake/x/nvidia1", "/dev/nvidia1")],
+                       mounts=[("/home/u", "/home/u", "rw")], workdir="/home/u/w", options=["--network=none"])
+    env = {"PATH": "/opt/venv/bin:/usr/bin", "CUDA_VISIBLE_DEVICES": "1", "SECRET": "s3cret", "HOME": "/home/u"}
+    argv, podman_env = wrap(run.as_spec(), ["python", "train.py"], env)
+    assert argv[0] == "podman" and "--userns=keep-id" in argv and "--pull=never" in argv
+    assert "--cap-drop=all" in argv and "--security-opt=no-new-privileges" in argv
+    assert "--device=/dev/gpujobs-fake/x/nvidia1:/dev/nvidia1" in argv
+    assert [a for a in argv if a.startswith("--device")] == ["--device=/dev/gpujobs-fake/x/nvidia1:/dev/nvidia1"]
+    assert "--mount=type=bind,source=/home/u,destination=/home/u" in argv and "--workdir=/home/u/w" in argv
+    assert argv[-3:] == ["localhost/t:1", "python", "train.py"]
+    assert argv.index("--network=none") > argv.index("--network=host")  # the site's options come last
+    assert "s3cret" not in " ".join(argv) and "--env=SECRET" in argv  # values by name, never on the command line
+    assert "--env=PATH" not in argv  # the image's own search path
+    assert podman_env["CUDA_VISIBLE_DEVICES"] == "0" and podman_env["SECRET"] == "s3cret"
+    assert podman_env["PATH"] == "/opt/venv/bin:/usr/bin"  # podman itself is found on the host's
+
+
+def test_fake_gpus_get_their_nodes_and_no_driver() -> None:
+    spec = Containers().launch(7, "localhost/t:1", "/tmp", ["/dev/gpujobs-fake/x/nvidia1"], None, fake=True)
+    assert spec["devices"] == [["/dev/gpujobs-fake/x/nvidia1", "/dev/nvidia1"]] and spec["cdi"] == []
+    assert ["/tmp", "/tmp", "rw"] in spec["mounts"] and not any(m[2] == "ro" for m in spec["mounts"])
+    assert spec["workdir"] == "/tmp" and spec["name"].startswith("gpujobs-7-")
+
+
+def test_apptainer_command_and_refusals() -> None:
+    run = ContainerRun(module="jupyter_gpujobs.engine.containers.apptainer", image="/shared/t.sif", name="n",
+                       devices=[("/dev/nvidia2", "/dev/nvidia2")], mounts=[("/home/u", "/home/u", "rw")],
+                       workdir="/home/u")
+    argv, env = wrap(run.as_spec(), ["python", "x.py"], {"CUDA_VISIBLE_DEVICES": "2", "HOME": "/home/u",
+                                                        "PATH": "/usr/bin"})
+    assert argv[1:5] == ["exec", "--cleanenv", "--contain", "--no-mount=cwd"]
+    assert "--bind=/dev/nvidia2:/dev/nvidia2" in argv and argv[-3:] == ["/shared/t.sif", "python", "x.py"]
+    assert env["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "0" and "APPTAINERENV_PATH" not in env
+    from jupyter_gpujobs.engine.containers.apptainer import Apptainer
+
+    assert "apptainer pull" in Apptainer().refusal("docker://python:3.12")
+
+
+def test_apptainer_job_live() -> None:
+    if not (shutil.which("apptainer") or shutil.which("singularity")):
+        pytest.skip("Apptainer is not installed: Debian 12 has no package of it and no registry is reachable "
+                    "to fetch one, so scripts/install-podman.sh installs none; its command line is tested above")
+    image = os.environ.get("GPUJOBS_TEST_IMAGE", "localhost/gpujobs-test:latest")
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)
+        archive, sif = os.path.join(folder, "t.tar"), os.path.join(folder, "t.sif")
+        subprocess.run([*_as_owner(), "podman", "save", "--format", "docker-archive", "-o", archive, image],
+                       check=True, cwd="/")
+        subprocess.run([*_as_owner(), program(), "build", sif, f"docker-archive:{archive}"], check=True, cwd="/")
+        run = ContainerRun(module="jupyter_gpujobs.engine.containers.apptainer", image=sif, name="t",
+                           mounts=[(folder, folder, "rw")], workdir=folder)
+        argv, env = wrap(run.as_spec(), ["/bin/sh", "-c", "id -u; echo gpus=$CUDA_VISIBLE_DEVICES; pwd"],
+                         {"CUDA_VISIBLE_DEVICES": "3", "PATH": os.environ["PATH"], "HOME": folder})
+        done = subprocess.run([*_as_owner(), "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv],
+                              capture_output=True, text=True, cwd="/", check=True)
+    uid = str(os.getuid()) if os.geteuid() != 0 else str(pwd.getpwnam("gpujobs-u1").pw_uid)
+    assert done.stdout.split() == [uid, "gpus=0", folder]
+
+
+def _as_owner() -> list[str]:
+    """Run as the test user when root (the engine never runs a job's runtime as root)."""
+    return ["runuser", "-u", "gpujobs-u1", "--"] if os.geteuid() == 0 else []

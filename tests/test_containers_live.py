@@ -1,0 +1,148 @@
+"""Jobs in their owners' images (issue 29), live: a real Jupyter server run as root with real
+Unix users (scripts/install-multiuser.sh), rootless podman as those users and the test image
+scripts/install-podman.sh builds from the host's files (busybox and Debian's python3.11; no
+registry is reachable), on fake GPUs whose device nodes the containers get. Needs root, podman
+and that image, as CI has them (scripts/test.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from servers import wait_job
+
+from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
+
+ROOT = Path(__file__).resolve().parents[1]
+U1 = "gpujobs-u1"
+TOKENS = {"tok-u1": U1}
+IMAGE = os.environ.get("GPUJOBS_TEST_IMAGE", "localhost/gpujobs-test:latest")
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
+#: the test venv, mounted read-only into the containers: jupyter_gpujobs for a cell job
+VENV = os.environ.get("GPUJOBS_TEST_VENV", "/opt/gpujobs-test")
+
+
+def _as_u1(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", U1, "--", *argv], cwd="/", capture_output=True, text=True, timeout=60)
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (users, cgroups, device nodes)"
+    if not shutil.which("podman"):
+        return "podman is not installed (scripts/install-podman.sh installs it)"
+    try:
+        pwd.getpwnam(U1)
+    except KeyError:
+        return f"no test user {U1} (scripts/install-multiuser.sh)"
+    if _as_u1("podman", "image", "exists", IMAGE).returncode != 0:
+        return f"no test image {IMAGE} for {U1} (scripts/install-podman.sh builds it)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    path = Path(f"/tmp/gpujobs-containers-{os.getpid()}-{time.monotonic_ns()}")
+    path.mkdir()
+    os.chmod(path, 0o1777)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def _server(live_server: Any, **config: Any) -> Any:
+    lists = ["--GPUJobs.allowed_images=localhost/*",
+             f"--GPUJobs.container_options=--mount=type=bind,source={VENV},destination={VENV},ro"]
+    return live_server(fake_gpus="2xA100", config=config, users=TOKENS, extra_args=lists)
+
+
+def _left_of(marker: str) -> list[str]:
+    """Processes whose command line holds `marker` (a job's container name, its command)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or ())
+        if marker in line:
+            found.append(f"{p.pid}: {line[:200]}")
+    return found
+
+
+def test_one_gpu_job_in_an_image_sees_only_its_gpu_as_its_owner(live_server: Any, open_dir: Path) -> None:
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    probe = ("id -u; id -g; echo devices=$(ls /dev | grep nvidia | tr '\\n' ' '); echo gpus=$CUDA_VISIBLE_DEVICES; "
+             "(exec 3</dev/$(ls /dev | grep nvidia | head -1)) 2>&1 | sed 's/^/open: /'; "
+             "grep devices /proc/self/cgroup; echo pwd=$(pwd); echo home=$HOME; test -e /etc/debian_version "
+             "&& echo host-root || echo image-root")
+    job = u1.submit(["/bin/sh", "-c", probe], gpus=1, cwd=str(open_dir), time_limit="1m", image=IMAGE)
+    assert job["image"] == IMAGE
+    done = wait_job(u1, job["id"], ENDED, timeout=60)
+    log = u1.log(job["id"])["data"]
+    assert done["state"] == "COMPLETED", (done["reason"], log)
+    lines = log.splitlines()
+    owner = pwd.getpwnam(U1)
+    assert lines[0] == str(owner.pw_uid) != "0" and lines[1] == str(owner.pw_gid), log  # its owner, never root
+    given = done["assigned_gpus"][0]
+    # exactly its GPU's node (the fake card's, as /dev/nvidiaN), renumbered to 0 for CUDA
+    assert lines[2].split() == [f"devices=nvidia{given}"], log
+    assert lines[3] == "gpus=0", log
+    assert "No such device or address" in lines[4], log  # its own GPU opens (ENXIO: no driver), not EPERM
+    assert f"job-{job['id']}-" in lines[5], log  # the container runs in the job's own (device) cgroup
+    assert lines[6] == f"pwd={open_dir}" and lines[7] == f"home={owner.pw_dir}", log
+    assert lines[8] == "image-root", log  # the image's files, not the host's
+    assert not _left_of(f"gpujobs-{job['id']}-"), "podman or conmon of the job left running"
+
+
+def test_time_limit_stops_the_whole_container_and_its_output_streams(live_server: Any, open_dir: Path) -> None:
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    marker = f"{300 + os.getpid() % 600}"  # a sleep of its own, to find what is left of it
+    job = u1.submit(["/bin/sh", "-c", f"echo started; sleep {marker}"], gpus=1, cwd=str(open_dir),
+                    time_limit="6s", image=IMAGE)
+    running = wait_job(u1, job["id"], ("RUNNING",) + ENDED, timeout=60)
+    assert running["state"] == "RUNNING", running["reason"]
+    wait_job(u1, job["id"], lambda j: "started" in u1.log(j["id"])["data"] or j["state"] != "RUNNING", timeout=30)
+    assert u1.job(job["id"])["state"] == "RUNNING"  # its output is in the log while it runs
+    done = wait_job(u1, job["id"], ENDED, timeout=60)
+    assert done["state"] == "TIMEOUT", done["reason"]
+    assert not _left_of(f"gpujobs-{job['id']}-"), "podman or conmon of the job left running"
+    assert not _left_of(f"sleep {marker}"), "the container's process left running"
+
+
+def test_missing_or_unlisted_image_is_refused_at_submit_naming_it(live_server: Any, open_dir: Path) -> None:
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    with pytest.raises(GPUJobsError) as err:
+        u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), image="localhost/no-such-image:1")
+    assert err.value.status == 400
+    assert "localhost/no-such-image:1" in str(err.value) and "podman pull" in str(err.value)
+    with pytest.raises(GPUJobsError) as err:
+        u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), image="docker.io/library/python:3.12")
+    assert err.value.status == 400 and "docker.io/library/python:3.12 is not allowed here" in str(err.value)
+    with pytest.raises(GPUJobsError) as err:
+        u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), image="bad image")
+    assert err.value.status == 400 and "image" in str(err.value)
+    assert u1.jobs()["jobs"] == []  # nothing was queued
+
+
+def test_site_default_image_and_the_host_on_request(live_server: Any, open_dir: Path) -> None:
+    server = _server(live_server, default_image=IMAGE)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    probe = ["/bin/sh", "-c", "test -e /etc/debian_version && echo host-root || echo image-root"]
+    in_image = u1.submit(probe, gpus=0, cwd=str(open_dir))
+    on_host = u1.submit(probe, gpus=0, cwd=str(open_dir), image="")
+    assert in_image["image"] == IMAGE and on_host["image"] is None
+    for job, where in ((in_image, "image-root"), (on_host, "host-root")):
+        done = wait_job(u1, job["id"], ENDED, timeout=60)
+        assert done["state"] == "COMPLETED", done["reason"]
+        assert u1.log(job["id"])["data"].strip() == where
