@@ -949,15 +949,8 @@ SUBMIT_FIELDS = {
     "command", "kind", "name", "gpus", "gpu_type", "time_limit", "priority", "group",
     "preemptible", "requeue", "begin", "when", "depends", "array", "cwd", "env", "payload",
     "mem", "cpus", "gpu_memory", "nodes", "signal", "max_requeues", "retries", "retry_backoff", "retry_oom", "hold",
-}
-
-#: Smallest and largest host memory limit a job may ask for, and the most CPUs.
-MIN_MEM_BYTES = 16 << 20
-MAX_MEM_BYTES = 1 << 50
-MAX_CPUS = 4096
-_MEM_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     "image",
-
+}
 
 #: An image reference (`image: "localhost/pytorch:2.3"`, `"docker.io/library/python:3.12"`) or an
 #: image file's absolute path (`"/shared/images/cuda.sif"`): no spaces, no control characters.
@@ -977,6 +970,13 @@ def parse_image(value: Any) -> str | None:
                                     "docker.io/library/python:3.12) nor an image file's absolute path "
                                     "(/shared/images/cuda.sif)")
     return image
+
+#: Smallest and largest host memory limit a job may ask for, and the most CPUs.
+MIN_MEM_BYTES = 16 << 20
+MAX_MEM_BYTES = 1 << 50
+MAX_CPUS = 4096
+_MEM_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
 
 def _parse_size(value: Any, field_name: str) -> int:
     """Bytes from "32G", "512M", "1.5T", "20GB", "16GiB" or a number of megabytes."""
@@ -1241,6 +1241,7 @@ def validate_submission(
         "max_requeues": max_requeues,
         **parse_retries(body),
         "held": bool(body.get("hold", False)),
+        "image": parse_image(body.get("image")),
     }
 
 
@@ -1248,7 +1249,6 @@ def validate_submission(
 MAX_NODES = 1024
 
 
-        "image": parse_image(body.get("image")),
 def parse_nodes(value: Any) -> int:
     """The nodes of a job (`nodes: 2`, the CLI's `-N 2`): a whole number from 1 to MAX_NODES."""
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():

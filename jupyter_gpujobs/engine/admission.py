@@ -70,6 +70,8 @@ class Admission:
         new = self.validated(user, body)
         if new.specs:
             await self.check_cwd(user, body.get("cwd"), new.specs[0]["cwd"])
+        if new.specs and new.specs[0].get("image"):  # there for the user, as the user, off the loop
+            await self.check_image(user, new.specs[0]["image"])
         if new.specs and new.specs[0]["kind"] == "notebook":  # looked at as the user, off the loop
             await check_notebook_files(new.specs[0]["payload"], run_as(user, self.state.run_as_owner),
                                        self.input_bounds, self.state.job_python)
@@ -81,8 +83,6 @@ class Admission:
         if not self.submissions:
             asyncio.get_running_loop().call_soon(self.store_submissions)
         self.submissions.append((new, future))
-        if new.specs and new.specs[0].get("image"):  # there for the user, as the user, off the loop
-            await self.check_image(user, new.specs[0]["image"])
         return await future
 
     def validated(self, user: str, body: dict[str, Any]) -> NewJobs:
@@ -119,6 +119,7 @@ class Admission:
             raise InvalidInput("user", f"this engine runs as {_engine_user()} and its {s.runner.name} runner "
                                        f"would run the job as {_engine_user()}, not as {unix_user}: run the engine "
                                        "as the account that submits to the cluster (docs/slurm.md)")
+        fields["image"] = self._image(fields["image"])
         memory_ok, cpu_ok = self.inventory.limits_enforceable()
         for key, ok, what in (("mem_bytes", memory_ok, "mem"), ("cpus", cpu_ok, "cpus")):
             if fields.get(key) is not None and not ok:
@@ -126,7 +127,6 @@ class Admission:
         if fields["kind"] == "notebook":
             from ..notebook.notebooks import check_notebook_payload
 
-        fields["image"] = self._image(fields["image"])
             payload = fields["payload"]
             if isinstance(payload, dict):
                 payload = {**payload, **{key: _at_home(payload[key], unix_user, f"payload.{key}")
@@ -220,13 +220,6 @@ class Admission:
                 raise InvalidInput("cwd", f"{given[:200]!r} leads outside the server's root directory; give a "
                                           "path inside it, or an absolute path")
 
-    # ------------------------------------------------------------------ the cycle after a burst
-
-    def _wake_after_burst(self) -> None:
-        """Submissions were stored: one cycle after their burst, not one per submission. The
-        cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
-        after the first submission that no cycle has seen yet."""
-        loop = asyncio.get_running_loop()
     def _image(self, asked: str | None) -> str | None:
         """The image a job runs in (`asked`, else the site's default; None: the host's own
         environment), refused naming it when this engine cannot run it: a runner without
@@ -253,6 +246,13 @@ class Admission:
         except ImageProblem as err:
             raise InvalidInput("image", str(err)) from None
 
+    # ------------------------------------------------------------------ the cycle after a burst
+
+    def _wake_after_burst(self) -> None:
+        """Submissions were stored: one cycle after their burst, not one per submission. The
+        cycle waits until no submission came for SUBMIT_SETTLE_S, or at most SUBMIT_MAX_DELAY_S
+        after the first submission that no cycle has seen yet."""
+        loop = asyncio.get_running_loop()
         self.last_submit_at = loop.time()
         if self.burst_timer is None:
             self.burst_started_at = self.last_submit_at
