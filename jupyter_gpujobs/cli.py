@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "each next one waits twice as long)")
         sp.add_argument("--retry-oom", dest="retry_oom", action="store_true", help="retry runs out of memory too")
         sp.add_argument("--hold", action="store_true", help="submit it held: it starts once released")
+        sp.add_argument("--image", help="container image to run in, e.g. localhost/pytorch:2.3 (podman, as you) or "
+                        "/shared/images/cuda.sif (Apptainer); '' for the host when the site has a default "
+                        "image (docs/containers.md)")
         sp.add_argument("--json", action="store_true", help="print the job as JSON")
 
     s = sub.add_parser("submit", help="submit a command as a GPU job", description="Submit a command: "
@@ -410,7 +413,7 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
                              f"got {args.gpus!r}") from None
     body: dict[str, Any] = {"gpus": gpus}
     for key in ("gpu_type", "time_limit", "priority", "name", "group", "begin", "when", "mem", "cpus", "gpu_memory",
-                "nodes", "signal", "max_requeues", "retries", "retry_backoff"):
+                "nodes", "signal", "max_requeues", "retries", "retry_backoff", "image"):
         if getattr(args, key, None) is not None:
             body[key] = getattr(args, key)
     if args.preemptible:

@@ -146,3 +146,30 @@ def test_site_default_image_and_the_host_on_request(live_server: Any, open_dir: 
         done = wait_job(u1, job["id"], ENDED, timeout=60)
         assert done["state"] == "COMPLETED", done["reason"]
         assert u1.log(job["id"])["data"].strip() == where
+
+
+def test_cell_job_runs_in_an_image(tmp_path: Path) -> None:
+    """`%%gpujob --image` from a user's kernel (a shared engine, the user's own Jupyter server):
+    the cell runs in the image with the kernel's Python (the test venv, mounted read-only: the
+    image has Debian's python3.11 and not jupyter_gpujobs), on its one GPU numbered 0."""
+    from team import Team, evaluate
+
+    engine_args = ["--GPUJobs.allowed_images=localhost/*",
+                   f"--GPUJobs.container_options=--mount=type=bind,source={VENV},destination={VENV},ro"]
+    with Team(fake_gpus="2xA100", users=(U1,), engine_args=engine_args) as team:
+        server = team.servers[U1]
+        kc = server.start_kernel()
+        try:
+            evaluate(kc, "%load_ext jupyter_gpujobs\nprint(1)")
+            code = (f"%%gpujob -g 1 -t 1m --image {IMAGE}\nimport json, os\n"
+                    "print(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], os.path.exists('/etc/debian_version'), "
+                    "os.getuid(), sorted(d for d in os.listdir('/dev') if d.startswith('nvidia'))]))\n")
+            try:
+                gpus, host_root, uid, nodes = evaluate(kc, code, timeout=120)
+            except AssertionError as err:
+                with team.socket_client() as c:
+                    raise AssertionError(f"{err}\n{c.get('jobs/1/log').json().get('data')}") from None
+        finally:
+            server.shutdown_kernel(kc)
+    assert (gpus, host_root, uid) == ("0", False, pwd.getpwnam(U1).pw_uid)
+    assert len(nodes) == 1 and nodes[0].startswith("nvidia")

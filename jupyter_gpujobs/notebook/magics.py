@@ -47,6 +47,7 @@ from ..model import (
     parse_duration,
     parse_gpu_memory,
     parse_gpus,
+    parse_image,
     parse_memory,
     parse_nodes,
     parse_priority,
@@ -143,6 +144,8 @@ def job_options(args: Any) -> dict[str, Any]:
         if args.signal is not None:
             parse_warn_signal(args.signal, None, "--signal")
             body["signal"] = args.signal
+        if getattr(args, "image", None) is not None:
+            body["image"] = parse_image(args.image)
     except InvalidInput as err:
         raise UsageError(str(err)) from None
     if args.when is not None:
@@ -352,6 +355,8 @@ def _job_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
                  "preempted; jupyter_gpujobs.checkpoint.on_signal registers what to do then)"),
         argument("--requeue", action="store_true", help="back to the queue at the time limit (or a lost run), "
                  "with the job's checkpoint folder"),
+        argument("--image", default=None, help="container image to run in (docs/containers.md), e.g. "
+                 "localhost/pytorch:2.3; the kernel's Python (sys.executable) must be there in it"),
     ]):
         func = decorator(func)
     return func

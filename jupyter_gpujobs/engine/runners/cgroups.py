@@ -199,6 +199,10 @@ def create(cg: dict[str, str], deny_devices: Sequence[str] = (), mem_bytes: int 
     `bpf_fence`: fence with a BPF program on the v2 cgroup (no v1 devices controller)."""
     for path in cg.values():
         os.makedirs(path, exist_ok=True)
+        # open to read as the host's own cgroups are, whatever the engine's umask (a shared
+        # engine's is 077): a container runtime the job runs as its owner reads its cgroup's
+        # state (rootless runc: "unable to get cgroup freezer state ... permission denied")
+        os.chmod(path, 0o755)
     denied = [dev for dev in (char_device(node) for node in deny_devices) if dev is not None]
     if "devices" in cg:
         for major, minor in denied:
