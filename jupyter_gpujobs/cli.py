@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--array", help="job array, e.g. 0-15%%4 (index in GPUJOBS_ARRAY_INDEX)")
     s.add_argument("--no-requeue", action="store_true", help="cancel instead of requeue when preempted")
     s.add_argument("--cwd", help="working directory (default: the current one)")
+    s.add_argument("--test-only", dest="test_only", action="store_true",
+                   help="submit nothing: say when it would start, what nearby choices would start sooner, "
+                        "and advice from your earlier runs of its name (as sbatch --test-only)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
 
     rn = sub.add_parser("run-notebook", help="queue a notebook for execution on GPUs")
@@ -469,6 +472,12 @@ def run(argv: Sequence[str]) -> int:
             if args.requeue or args.max_requeues:
                 raise UsageError("submit: --no-requeue cannot go with --requeue or --max-requeues")
             body["requeue"] = False
+        if args.test_only:
+            from .whatif_text import format_what_if
+
+            answer = _client(args).what_if(**body)
+            print(json.dumps(answer, indent=2) if args.json else format_what_if(answer, time.time()))
+            return 0
         job = _client(args).submit(**body)
         if job.get("array_tasks") and not args.json:
             print(f"job array {job['id']}: tasks {', '.join(str(t) for t in job['array_tasks'])}")
@@ -527,6 +536,8 @@ def run(argv: Sequence[str]) -> int:
             if job.get("retries"):
                 print(f"retries: {job.get('retried', 0)} of {job['retries']} used (the first after "
                       f"{format_duration(job.get('retry_backoff_s'))}, each next one twice as long)")
+            if job.get("advice"):
+                print(f"advice: {safe_text(job['advice']['text'])}")
             for e in client.events(args.id):
                 print(safe_text(f"  {_when(e['time'])}  {e['state']:<9}  {e['actor']:<10}  {e['reason']}"))
     elif args.cmd == "cancel":

@@ -248,6 +248,16 @@ class _Calls:
                            "priority": priority, "name": name, "cwd": cwd, "env": env, **extra})
         return self._call("POST", "jobs", body=body)
 
+    def what_if(self, command: str | list[str] | None = None, *, gpus: int | float = 1, gpu_type: str | None = None,
+                time_limit: str | int | None = None, **extra: Any) -> Any:
+        """When this request would start if submitted now, and the nearby choices that would
+        start sooner (`POST jobs?dry_run=1`, as sbatch --test-only): nothing is submitted. The
+        same fields as `submit`, checked the same way. Returns `{"expected_start", "alternatives":
+        [{"gpus", "gpu_type", "time_limit_s", "change", "expected_start"}], "advice", "basis", ...}`."""
+        body = _drop_none({"command": command, "gpus": gpus, "gpu_type": gpu_type, "time_limit": time_limit,
+                           **extra})
+        return self._call("POST", "jobs", params={"dry_run": "1"}, body=body)
+
     def submit_notebook(self, notebook: str, *, parameters: dict[str, Any] | None = None,
                         kernel: str | None = None, output: str | None = None, gpus: int | float = 1,
                         **options: Any) -> Any:

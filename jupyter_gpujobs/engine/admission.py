@@ -67,6 +67,17 @@ class Admission:
         commit): validated one by one here, so a bad one fails alone with its InvalidInput,
         then inserted in one transaction by `store_submissions`.
         """
+        new = await self.checked(user, body)
+        future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
+        if not self.submissions:
+            asyncio.get_running_loop().call_soon(self.store_submissions)
+        self.submissions.append((new, future))
+        return await future
+
+    async def checked(self, user: str, body: dict[str, Any]) -> NewJobs:
+        """Every check of a submission (`validated`, its folder and notebook looked at as the
+        user, the caps on what one user may queue), storing nothing: `submit` stores what
+        passes, a what-if (`whatif.WhatIf`) answers it. Raises InvalidInput."""
         new = self.validated(user, body)
         if new.specs:
             await self.check_cwd(user, body.get("cwd"), new.specs[0]["cwd"])
@@ -79,11 +90,7 @@ class Admission:
         coming = sum(len(n.specs) for n, _ in self.submissions if n.actor == user)
         check_queue_caps(self.rules.current_policy(), self.access.is_admin(user),
                          self.state.pending_of.get(user, 0) + coming, len(new.specs), new.array)
-        future: asyncio.Future[list[Job]] = asyncio.get_running_loop().create_future()
-        if not self.submissions:
-            asyncio.get_running_loop().call_soon(self.store_submissions)
-        self.submissions.append((new, future))
-        return await future
+        return new
 
     def validated(self, user: str, body: dict[str, Any]) -> NewJobs:
         """A submission checked and turned into the rows to store; raises InvalidInput."""

@@ -15,7 +15,8 @@ A job flows one way through them: request -> store -> plan -> runner -> events -
 - `access.Access`: who may do and see what, and the views of jobs and of the queue;
 - `inventory.Inventory`: the GPUs, their use outside the queue, the device fence;
 - `rules.Rules`: quotas set at run time and advance reservations; `files.JobFiles`: logs and
-  the retention of ended jobs' files.
+  the retention of ended jobs' files; `whatif.WhatIf`: when a request would start, nearby
+  choices, right-sizing advice (nothing stored).
 
 Their shared state (settings, active jobs, the queue as the last plan left it) lives in one
 `state.EngineState`. This module builds the parts, runs their loops (`start`, `stop`) and keeps
@@ -50,6 +51,7 @@ from .shares import Shares
 from .state import EXTERNAL_KINDS, EngineState
 from .store import Store
 from .supervision import Supervisors
+from .whatif import Shape, WhatIf
 
 if TYPE_CHECKING:
     from .notify import Notifier
@@ -162,6 +164,7 @@ class JobService:
                                 self.kernels, self.job_events)
         self.files = JobFiles(state, self.access)
         self.changes = Changes(state, self.access, self.job_events, self.rules, self.scheduling)
+        self.what_ifs = WhatIf(state, self.admission, self.gpu_inventory, self.rules)
         self._tasks: list[asyncio.Task[Any]] = []
         (state.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         # jobs' logs are private, and no job may plant a file (a link) where the next log goes
@@ -241,6 +244,19 @@ class JobService:
     async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
         """Validate and store a submission; the new job(s) once committed (`Admission.submit`)."""
         return await self.admission.submit(user, body)
+
+    async def what_if(self, user: str, body: dict[str, Any]) -> dict[str, Any]:
+        """When a submission would start, the nearby choices and the advice; stores nothing
+        (`WhatIf.answer`; the same InvalidInput as `submit`)."""
+        return await self.what_ifs.answer(user, body)
+
+    def advice(self, job: Job) -> dict[str, Any] | None:
+        """Right-sizing advice for a job from its owner's other finished jobs of its name
+        (`WhatIf.advice`); the caller shows it to the owner only."""
+        shape = Shape(job.gpus, job.gpu_type, job.time_limit_s or self.policy.default_time_limit_s, job.share,
+                      job.gpu_memory)
+        floor = max(self.clock(), job.begin or 0.0) if job.state.value == "PENDING" and not job.held else None
+        return self.what_ifs.advice(job.user, job.name, shape, exclude=job.id, floor=floor)
 
     async def cancel(self, job_id: int, user: str, wait_s: float = 3.0) -> Job:
         """Cancel a pending job now, or stop a running one (SIGTERM, grace, SIGKILL) and wait

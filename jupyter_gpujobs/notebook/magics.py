@@ -389,6 +389,9 @@ class GPUJobMagics(Magics):
                    "requeue the job at its limit; a requeued run starts the cell with the saved ones")
     @argument("--async", dest="run_async", action="store_true",
               help="do not wait: return a JobWidget at once (.wait(), .result() pulls the variables)")
+    @argument("--test-only", dest="test_only", action="store_true",
+              help="submit nothing: say when the cell would start, what nearby choices would start sooner, and "
+                   "advice from your earlier runs of its name (as sbatch --test-only)")
     @cell_magic
     def gpujob(self, line: str, cell: str) -> Any:
         """Run this cell as a GPU job: it waits its turn in the queue, then runs on its own GPUs.
@@ -431,6 +434,14 @@ class GPUJobMagics(Magics):
             body["requeue"] = True
         client = self.client
         cwd = os.getcwd()
+        if args.test_only:  # nothing written, nothing submitted: the engine checks and answers
+            from ..whatif_text import format_what_if
+
+            body.setdefault("name", _default_name())
+            answer = _submit(client, client.what_if, [sys.executable, "-m", cell_job.__name__, cwd], kind="cell",
+                             cwd=cwd, **body)
+            print(format_what_if(answer, time.time()))
+            return None
         folder = self._write_folder(cwd, line, cell, {name: user_ns[name] for name in push}, pull, args.checkpoint)
         body.setdefault("name", _default_name())
         body["env"] = {"PYTHONUNBUFFERED": "1", **body.get("env", {})}

@@ -1,4 +1,5 @@
-"""Handlers of the jobs and the queue: list, submit, show, change, hold, release, cancel
+"""Handlers of the jobs and the queue: list, submit (or only ask when it would start:
+`?dry_run=1`), show (with right-sizing advice for the owner), change, hold, release, cancel
 (one or many), the end and adoption of a kernel's job, a job's log and events, and the queue's
 pages (cached per state of the queue).
 
@@ -45,6 +46,9 @@ class JobsHandler(GPUJobsHandler):
     @authorized
     async def post(self) -> None:
         body = self.json_object("describing the job")
+        if _dry_run(self):  # a what-if: checked as a submission, answered, nothing stored
+            self.reply(await self.service.what_if(self.owner, body))
+            return
         jobs = await self.service.submit(self.owner, body)
         out = self.service.view(jobs[0])
         if len(jobs) > 1:
@@ -53,11 +57,25 @@ class JobsHandler(GPUJobsHandler):
         self.reply(out, status=201)
 
 
+def _dry_run(handler: GPUJobsHandler) -> bool:
+    """`?dry_run=1` (or true/yes; 0/false/no or absent: a real submission)."""
+    raw = (handler.get_argument("dry_run", None) or "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ApiError(400, "dry_run", f"expected 1 or 0, got {raw[:40]!r}")
+
+
 class JobHandler(GPUJobsHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        self.reply(self.service.view(self.service.get(self.job_id(job_id)), self.owner))
+        job = self.service.get(self.job_id(job_id))
+        out = self.service.view(job, self.owner)
+        if job.user == self.owner:  # right-sizing advice from the owner's own history, to them only
+            out["advice"] = self.service.advice(job)
+        self.reply(out)
 
     @web.authenticated
     @authorized

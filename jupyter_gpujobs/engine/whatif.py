@@ -1,0 +1,290 @@
+"""What-if before submitting (`POST jobs?dry_run=1`, `submit --test-only`): when a request
+would start if it were submitted now, and which nearby choices would change that (fewer GPUs,
+a share of one GPU, another GPU model, a shorter time limit). Nothing is stored, nothing is
+published, no audit row is written: the request is checked exactly as a submission is
+(`Admission.checked`, the same InvalidInput and so the same 400s) and then only answered.
+
+The answer comes from `Timeline`, the GPU time line as the last estimating cycle left it: the
+running jobs' time limits, then every waiting job with an expected start booked on its GPU
+model from that start for its time limit, in queue order (the planner's own deep-queue
+estimate, `placement.AggregateLine`, with the estimates as floors). The request joins it at the
+back of the queue, as a new job of no higher priority does: it starts now where free GPUs of
+one host are left after that booking, or where its time limit ends before the first waiting
+job booked on them (backfill); else when its k GPUs of one model free on the line, never
+earlier than k GPUs of one host free at all (`Cluster.earliest`). A share starts now on a
+card with room beside the shares running there (`scheduler.shares.Card`), else as a new card.
+The line is built again for a new estimate, or a new plan once it is a second old (~20 ms at
+10k waiting jobs), and copied per answer (a few heaps of floats), so an answer costs about a submission
+(benchmarks/bench_whatif.py). What it leaves out, said with every answer (`basis`): a higher
+priority (urgent, fair share) that puts the request ahead of others, the limits on what one
+user may run at once, the waiting share jobs, and the advance reservations' holders' own time.
+
+The right-sizing advice of a request (`WhatIf.advice`, shown with the answer and in a job's
+`GET jobs/<id>` to its owner) comes from `advice.py`, with the start of its suggestion from
+the same line.
+
+May call: `admission.Admission` (the checks of a submission), `inventory.Inventory` (the GPUs),
+`rules.Rules` (the policy in force), `advice` (which reads the user's own finished jobs), the
+pure scheduler's placement and shares, and the model. It reads the active jobs and the last
+plan's estimates from `state.EngineState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from heapq import heapify
+from typing import Any
+
+from ..model import (
+    GPU,
+    Job,
+    Policy,
+    format_duration,
+    gpu_matches_type,
+    is_share,
+    share_fraction,
+    share_memory_bytes,
+)
+from .admission import Admission
+from .advice import advice_text, advise, history
+from .inventory import Inventory
+from .rules import Rules
+from .scheduler.deferral import as_clock, next_offpeak
+from .scheduler.placement import INF, AggregateLine, Cluster, View
+from .scheduler.shares import Shares
+from .state import EngineState
+
+#: A nearby choice is shown when it starts at least this much sooner than the request (s).
+SOONER_S = 60.0
+#: The shares a what-if tries for a request of one whole GPU.
+SHARES = (0.5, 0.25)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a what-if varies: GPUs (or a share of one), model and time limit."""
+
+    gpus: int
+    gpu_type: str | None
+    time_limit_s: int
+    share: float | None = None
+    gpu_memory: int | None = None
+
+    def job(self, user: str) -> Job:
+        return Job(id=0, user=user, gpus=self.gpus, gpu_type=self.gpu_type, time_limit_s=self.time_limit_s,
+                   share=self.share, gpu_memory=self.gpu_memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        gpus: float = self.share if self.share is not None else self.gpus
+        return {"gpus": gpus, "gpu_type": self.gpu_type, "time_limit_s": self.time_limit_s,
+                "gpu_memory": self.gpu_memory}
+
+
+class Timeline:
+    """The GPU time line after the waiting jobs (see the module docstring). Pure: built from
+    plain values, changed by nothing after `__init__` (each answer works on copies)."""
+
+    def __init__(self, now: float, gpus: Sequence[GPU], running: Sequence[Job], waiting: Sequence[Job],
+                 estimates: Mapping[int, float | None], policy: Policy):
+        self.now = now
+        dl = policy.default_time_limit_s
+        ends = {j.id: (j.started_at if j.started_at is not None else now) + (j.time_limit_s or dl) for j in running}
+        self.cluster = cl = Cluster(now, gpus, running, ends)
+        self.cards = Shares(cl, gpus, running, ends)
+        self.models = sorted(set(cl.pool_name))
+        line = AggregateLine(cl)
+        # per model, the first start booked for a waiting job after now: a job ending before it
+        # delays nobody (backfill)
+        self.first_wait: dict[str, float] = {}
+        for j in waiting:
+            start = estimates.get(j.id)
+            if start is None or is_share(j) or j.gpus == 0:
+                continue
+            view = cl.view(j.gpu_type)
+            if j.gpus > view.max_size:
+                continue
+            start = line.take(cl, view, j.gpus, j.time_limit_s or dl, max(start, now))
+            if now < start < INF:
+                for name in {cl.pool_name[p] for p in view.pids}:
+                    self.first_wait[name] = min(self.first_wait.get(name, INF), start)
+        self.heaps = line.heaps
+
+    def start(self, shape: Shape, now: float, floor: float) -> float:
+        """When a job of this shape, asked for at `now` (at or after the line's own time) and
+        waiting from `floor` (>= now) on, would start (INF: never on these GPUs)."""
+        view = self.cluster.view(shape.gpu_type)
+        if shape.gpus == 0:
+            return floor
+        if shape.gpus > view.max_size:
+            return INF
+        if shape.share is not None or shape.gpu_memory is not None:
+            return self._share_start(view, shape, now, floor)
+        if floor <= now and self._now(view, shape.gpus, shape.time_limit_s, now):
+            return now
+        return max(floor, self._later(view, shape.gpus, shape.time_limit_s, floor))
+
+    def _now(self, view: View, k: int, limit: float, now: float) -> bool:
+        """k free GPUs of one host that no waiting job needs within `limit`, or that the line
+        leaves free after every waiting job."""
+        cl = self.cluster
+        for p in view.free_pids:
+            if len(cl.free[p]) < k:
+                continue
+            name = cl.pool_name[p]
+            if self.first_wait.get(name, INF) >= now + limit or sum(t <= now for t in self.heaps[name]) >= k:
+                return True
+        return False
+
+    def _later(self, view: View, k: int, limit: float, floor: float) -> float:
+        cl = self.cluster
+        line = AggregateLine.__new__(AggregateLine)
+        line.heaps = {name: list(h) for name, h in self.heaps.items()
+                      if any(cl.pool_name[p] == name for p in view.pids)}
+        for h in line.heaps.values():
+            heapify(h)
+        line.by_view = {}
+        start = line.take(cl, view, k, limit, floor)
+        return max(start, cl.earliest(view, k))
+
+    def _share_start(self, view: View, shape: Shape, now: float, floor: float) -> float:
+        """A share: on a card with room beside its running shares, else as a new card."""
+        job = shape.job("")
+        best = INF
+        for p in view.pids:
+            for card in self.cards.cards.get(p, ()):
+                frac, mem = share_fraction(job, card.memory), share_memory_bytes(job, card.memory) or 0
+                if mem <= card.memory:
+                    best = min(best, card.earliest(floor, shape.time_limit_s, frac, mem, INF))
+        if best <= floor:
+            return best
+        return min(best, self.start(Shape(1, shape.gpu_type, shape.time_limit_s), now, floor))
+
+
+class WhatIf:
+    """The engine's part that answers `POST jobs?dry_run=1`."""
+
+    #: A line is kept this long (s) across new plans (see `timeline`).
+    REBUILD_S = 1.0
+
+    def __init__(self, state: EngineState, admission: Admission, inventory: Inventory, rules: Rules):
+        self.state = state
+        self.admission = admission
+        self.inventory = inventory
+        self.rules = rules
+        self._line: tuple[tuple[object, object], tuple[GPU, ...], Timeline] | None = None
+
+    def timeline(self) -> Timeline:
+        """The line after the waiting jobs, each booked from its expected start as the views
+        show it (the last plan's, else the last estimate's). Built again when a new estimate
+        came, or when a new plan came and the line is a second old: at most once a second under
+        a stream of submissions, whose cycles each make a plan."""
+        s = self.state
+        gpus = tuple(self.inventory.inventory)
+        cached = self._line
+        if cached is not None and cached[1] == gpus and cached[0][1] is s.estimates and (
+                cached[0][0] is s.plan or s.clock() < cached[2].now + self.REBUILD_S):
+            return cached[2]
+        waiting = [j for j in map(s.pending.get, s.plan.order) if j is not None]
+        planned = s.plan.expected_start
+        estimates = {j.id: planned[j.id] if j.id in planned else s.estimates.get(j.id) for j in waiting}
+        line = Timeline(s.clock(), gpus, list(s.running.values()), waiting, estimates, self.rules.current_policy())
+        self._line = ((s.plan, s.estimates), gpus, line)
+        return line
+
+    async def answer(self, user: str, body: dict[str, Any]) -> dict[str, Any]:
+        """When the request in `body` would start if `user` submitted it now, and the nearby
+        choices that would start sooner. Raises InvalidInput exactly as `submit` does."""
+        new = await self.admission.checked(user, body)
+        spec = new.specs[0]
+        s = self.state
+        asked = Shape(spec["gpus"], spec["gpu_type"], spec["time_limit_s"] or s.policy.default_time_limit_s,
+                      spec["share"], spec["gpu_memory"])
+        out: dict[str, Any] = {"dry_run": True, "request": asked.as_dict(), "tasks": len(new.specs),
+                               "expected_start": None, "alternatives": [], "now": new.now}
+        floor = None if s.mirrored or spec["held"] else self._floor(spec, new.now)
+        if s.mirrored:
+            out["basis"] = f"the {s.runner.name} runner schedules these jobs itself: ask it (sbatch --test-only)"
+        elif spec["held"]:
+            out["basis"] = "submitted held, it starts only once released"
+        elif floor is None:
+            out["basis"] = "it waits for a job whose end has no estimate yet"
+        else:
+            line = self.timeline()
+            now = max(new.now, line.now)
+            floor = max(floor, now)
+            start = line.start(asked, now, floor)
+            out["expected_start"] = _time(start)
+            out["alternatives"] = [{**shape.as_dict(), "change": change, "expected_start": _time(t)}
+                                   for change, shape in self.nearby(asked, line)
+                                   if (t := line.start(shape, now, floor)) < INF and t + SOONER_S <= start]
+            out["basis"] = ("the queue as the last estimate left it, this request behind every waiting job; not "
+                            "counted: a higher priority, the limits on what one user runs at once, waiting shares")
+        out["advice"] = self.advice(user, spec["name"], asked, floor=floor)
+        return out
+
+    def _floor(self, spec: dict[str, Any], now: float) -> float | None:
+        """The earliest the request may start: its begin, the next off-peak window, its
+        dependencies' expected ends (None: a dependency with no estimate)."""
+        s = self.state
+        floor = max(now, spec["begin"] or now)
+        policy = self.rules.current_policy()
+        if spec["offpeak"] and policy.offpeak_windows:
+            floor = next_offpeak(floor, policy.offpeak_windows, as_clock(policy))
+        for dep in spec["depends"]:
+            job = s.active_job(dep.job_id)
+            if job is None:
+                continue
+            started = job.started_at if job.started_at is not None else s.estimates.get(job.id)
+            if started is None:
+                return None
+            floor = max(floor, started + (job.time_limit_s or policy.default_time_limit_s))
+        return floor
+
+    def advice(self, user: str, name: str, asked: Shape, exclude: int | None = None,
+               floor: float | None = None) -> dict[str, Any] | None:
+        """Right-sizing advice (`advice.advise`) from `user`'s own finished jobs named `name`
+        (not `exclude`) for the request `asked`; with `floor`, when its suggestion would start
+        if asked for now, waiting from `floor` on."""
+        s = self.state
+        runs, stats = history(s.store, user, name, s.clock(), exclude)
+        cards = [g.memory_total_mb for g in self.inventory.inventory if gpu_matches_type(g.name, asked.gpu_type)]
+        out = advise(asked.gpus, asked.share, asked.gpu_memory, asked.time_limit_s, runs, stats,
+                     min(cards, default=None))
+        suggest = out and out["suggest"]
+        if not out or not suggest or floor is None or s.mirrored:
+            return out
+        shape = Shape(asked.gpus, asked.gpu_type, suggest.get("time_limit_s", asked.time_limit_s),
+                      suggest.get("gpus", asked.share), asked.gpu_memory)
+        line = self.timeline()
+        now = max(s.clock(), line.now)
+        t = line.start(shape, now, max(floor, now))
+        out["expected_start"] = _time(t)
+        if t < INF:
+            out["text"] = advice_text(out["runs"], out["used"], suggest,
+                                      "now" if t <= now else f"in {format_duration(t - now)}")
+        return out
+
+    def nearby(self, asked: Shape, line: Timeline) -> list[tuple[str, Shape]]:
+        """The nearby choices: fewer GPUs, a share of one GPU, another model, a shorter limit."""
+        out: list[tuple[str, Shape]] = []
+        whole = asked.share is None and asked.gpu_memory is None
+        if whole:
+            for k in sorted({asked.gpus // 2, 1} - {0, asked.gpus}, reverse=True):
+                out.append(("fewer GPUs", Shape(k, asked.gpu_type, asked.time_limit_s)))
+            if asked.gpus == 1 and self.state.shares.watched:
+                out.extend(("a share of one GPU", Shape(1, asked.gpu_type, asked.time_limit_s, f)) for f in SHARES)
+        if asked.gpu_type:
+            for model in line.models:
+                if not gpu_matches_type(model, asked.gpu_type):
+                    out.append(("another GPU model", Shape(asked.gpus, model, asked.time_limit_s, asked.share,
+                                                           asked.gpu_memory)))
+        if asked.time_limit_s >= 1200:
+            shorter = max(600, asked.time_limit_s // 2 // 60 * 60)
+            out.append(("a shorter time limit", Shape(asked.gpus, asked.gpu_type, shorter, asked.share,
+                                                      asked.gpu_memory)))
+        return out
+
+
+def _time(t: float) -> float | None:
+    return None if t == INF else t

@@ -1,0 +1,166 @@
+"""What-if before submitting (`POST jobs?dry_run=1`, `submit --test-only`, `%%gpujob --test-only`)
+on real servers with fake GPUs: it is checked exactly as a submission (the same 400s), stores
+and publishes nothing, and on a busy cluster says when the request would start - the start the
+scheduler then gives it once submitted for real - and which nearby choices start sooner."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import pytest
+from servers import wait_for
+
+from jupyter_gpujobs.engine.store.accounting import list_audit
+
+PY = sys.executable
+SLEEP = [PY, "-c", "import time; time.sleep(120)"]
+
+
+@pytest.fixture
+def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
+    return {**gpujobs_config, "fake_gpus": "2xA100,1xT4"}
+
+
+async def dry(api: Any, body: dict[str, Any]) -> tuple[int, Any]:
+    return await api("POST", "jobs", body, params={"dry_run": "1"})
+
+
+async def running(api: Any, **spec: Any) -> dict[str, Any]:
+    status, job = await api("POST", "jobs", {"command": SLEEP, "gpus": 1, **spec})
+    assert status == 201, job
+
+    async def started() -> Any:
+        _, view = await api("GET", f"jobs/{job['id']}")
+        return view if view["state"] == "RUNNING" else None
+
+    return await wait_for(started, timeout=15)
+
+
+async def test_dry_run_answers_and_stores_nothing(api: Any, engine: Any) -> None:
+    seen: list[dict[str, Any]] = []
+    engine.subscribe(seen.append)
+    status, answer = await dry(api, {"command": ["true"], "gpus": 1, "gpu_type": "A100", "time_limit": "10m",
+                                     "name": "probe"})
+    assert status == 200, answer
+    assert answer["dry_run"] is True and answer["alternatives"] == []
+    assert answer["expected_start"] is not None and answer["expected_start"] - answer["now"] < 1, "free GPUs: now"
+    assert answer["request"] == {"gpus": 1, "gpu_type": "A100", "time_limit_s": 600, "gpu_memory": None}
+    status, listed = await api("GET", "jobs")
+    assert status == 200 and listed["jobs"] == []
+    status, queue = await api("GET", "queue")
+    assert queue["total"] == 0
+    assert engine.store.list_jobs()[0] == [] and not engine.active_jobs()
+    assert seen == [], "a what-if publishes no event"
+    assert list_audit(engine.store, 0, time.time() + 60) == [], "no audit row"
+
+
+@pytest.mark.parametrize("body", [
+    {"command": ["true"], "gpus": -1},
+    {"command": ["true"], "gpus": 1.5},
+    {"command": ["true"], "gpu_type": "H100"},
+    {"command": ["true"], "time_limit": "soon"},
+    {"command": ["true"], "bogus": 1},
+    {"command": ["true"], "cwd": "/no/such/folder"},
+    {"command": ["true"], "depends": ["after:99999"]},
+    {"gpus": 1},
+])
+async def test_dry_run_refuses_what_submit_refuses(api: Any, engine: Any, body: dict[str, Any]) -> None:
+    real = await api("POST", "jobs", body)
+    what_if = await dry(api, body)
+    assert real[0] == 400, real
+    assert what_if == real
+
+
+async def test_dry_run_flag_is_checked(api: Any, engine: Any) -> None:
+    status, body = await api("POST", "jobs", {"command": ["true"]}, params={"dry_run": "perhaps"})
+    assert status == 400 and body["field"] == "dry_run", body
+    status, job = await api("POST", "jobs", {"command": ["true"], "gpus": 0}, params={"dry_run": "0"})
+    assert status == 201 and job["id"], "dry_run=0 is a real submission"
+
+
+async def test_busy_cluster_start_and_nearby_choices(api: Any, engine: Any) -> None:
+    """A100 0 holds a 0.5 share for 20m, A100 1 a whole job for 30m, and job W (1xA100, 30m)
+    waits ahead: a 1xA100 request starts when the second A100 frees (30m, W takes the first at
+    20m), as the scheduler then says once it is submitted; a share fits beside the running one
+    now, and the T4 is free now."""
+    share = await running(api, gpus=0.5, gpu_type="A100", time_limit="20m")
+    whole = await running(api, gpu_type="A100", time_limit="30m")
+    status, w = await api("POST", "jobs", {"command": SLEEP, "gpus": 1, "gpu_type": "A100", "time_limit": "30m"})
+    assert status == 201
+
+    async def estimated() -> Any:
+        _, view = await api("GET", f"jobs/{w['id']}")
+        return view if view["expected_start"] else None
+
+    w = await wait_for(estimated, timeout=10)
+    assert abs(w["expected_start"] - (share["started_at"] + 1200)) < 5, "W waits for the share's card"
+    request = {"command": SLEEP, "gpus": 1, "gpu_type": "A100", "time_limit": "40m"}
+    status, answer = await dry(api, request)
+    assert status == 200, answer
+    assert abs(answer["expected_start"] - (whole["started_at"] + 1800)) < 5, answer
+    changes = {(a["change"], a["gpus"], a["gpu_type"]): a["expected_start"] - answer["now"]
+               for a in answer["alternatives"]}
+    assert set(changes) == {("a share of one GPU", 0.5, "A100"), ("a share of one GPU", 0.25, "A100"),
+                            ("another GPU model", 1, "T4")}, answer["alternatives"]
+    assert all(t < 1 for t in changes.values()), "each starts now"
+    assert "behind every waiting job" in answer["basis"]
+    # submitted for real, the scheduler gives it the start the what-if said
+    status, job = await api("POST", "jobs", request)
+    assert status == 201
+
+    async def its_estimate() -> Any:
+        _, view = await api("GET", f"jobs/{job['id']}")
+        return view if view["expected_start"] else None
+
+    view = await wait_for(its_estimate, timeout=10)
+    assert abs(view["expected_start"] - answer["expected_start"]) < 5, (view["expected_start"], answer)
+    # a shorter limit helps nobody here (no hole); fewer GPUs neither; a 2xA100 request would
+    # wait for both, and 1xA100 (fewer GPUs) would start with the first
+    status, two = await dry(api, {**request, "gpus": 2})
+    assert status == 200 and two["expected_start"] >= answer["expected_start"]
+    assert all(a["change"] != "a shorter time limit" for a in two["alternatives"])
+    for job_id in (share["id"], whole["id"], w["id"], job["id"]):
+        await api("DELETE", f"jobs/{job_id}")
+
+
+def test_cli_test_only(live_server: Any) -> None:
+    server = live_server(fake_gpus="1xA100,1xT4")
+    holder = server.cli("submit", "-g", "1", "--type", "A100", "-t", "30m", "--json", "--", *SLEEP)
+    assert holder.returncode == 0, holder.stderr
+    holder_id = json.loads(holder.stdout)["id"]
+    client = server.client()
+    deadline = time.monotonic() + 15
+    while client.job(holder_id)["state"] != "RUNNING":
+        assert time.monotonic() < deadline, "the holder did not start"
+        time.sleep(0.1)
+    out = server.cli("submit", "--test-only", "-g", "1", "--type", "A100", "-t", "1h", "--", "python", "train.py")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("would start at ") and "nothing was submitted" in lines[0], out.stdout
+    assert lines[1].startswith("1xA100 at ") and lines[1].endswith("; 1xT4 now"), out.stdout
+    as_json = server.cli("submit", "--test-only", "--json", "-g", "1", "--", "true")
+    assert json.loads(as_json.stdout)["dry_run"] is True
+    bad = server.cli("submit", "--test-only", "-g", "1", "--type", "H100", "--", "true")
+    assert bad.returncode == 1 and "gpu_type" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert [j["id"] for j in client.jobs()["jobs"]] == [holder_id], "--test-only submitted nothing"
+    client.cancel(holder_id)
+
+
+def test_magic_test_only(live_server: Any, tmp_path: Any) -> None:
+    from test_magics import Kernel
+
+    server = live_server(fake_gpus="1xA100")
+    kernel = Kernel(server, tmp_path)
+    try:
+        out = kernel.execute("%%gpujob --test-only -g 1 -t 10m\nprint('never runs')")
+        assert out["error"] is None, out["error"]
+        assert out["stdout"].startswith("would start now - nothing was submitted"), out["stdout"]
+        assert "1xGPU now" in out["stdout"]
+        bad = kernel.execute("%%gpujob --test-only -g 3\nprint('never runs')")
+        assert bad["stderr"].startswith("UsageError: the engine refused the job: gpus"), bad
+        assert server.client().jobs()["jobs"] == [], "nothing was submitted"
+    finally:
+        kernel.km.shutdown_kernel(now=True)
