@@ -329,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     ki.add_argument("--max-wait", help="give up starting after waiting this long in the queue")
     ki.add_argument("--signal", help="a signal to each kernel before its time limit, e.g. USR1@5m (the kernel "
                     "must handle it: jupyter_gpujobs.checkpoint.on_signal)")
+    ki.add_argument("--image", help="container image each kernel runs in (docs/containers.md), e.g. "
+                    "localhost/pytorch:2.3, with ipykernel in it or mounted by the site")
     ki.add_argument("--kernel", default="python3", help="kernelspec to wrap (default python3)")
     where = ki.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user")
@@ -519,7 +521,7 @@ def run(argv: Sequence[str]) -> int:
         jobs = client.jobs(state=args.state, user=user, limit=args.limit)["jobs"]
         print(json.dumps(jobs, indent=2) if args.json else (format_jobs(jobs, time.time()) if jobs else "no jobs"))
     elif args.cmd == "show":
-        job = client.job(args.id)
+        job = client.job(args.id, advice=True)
         if args.json:
             job["events"] = [] if job.get("private") else client.events(args.id)
             print(json.dumps(job, indent=2))

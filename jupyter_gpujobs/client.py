@@ -277,8 +277,10 @@ class _Calls:
         return self._call("GET", "jobs", params=_drop_none(
             {"state": state, "user": user, "limit": limit, "cursor": cursor, "kind": kind}))
 
-    def job(self, job_id: int) -> Any:
-        return self._call("GET", f"jobs/{int(job_id)}")
+    def job(self, job_id: int, advice: bool = False) -> Any:
+        """One job; with `advice`, and when it is yours, right-sizing advice from your other
+        finished jobs of its name (`"advice": {"text", "suggest", ...}` or None)."""
+        return self._call("GET", f"jobs/{int(job_id)}", params={"advice": "1"} if advice else None)
 
     def cancel(self, job_id: int) -> Any:
         """Cancel a pending or running job; returns it as it is after up to a few seconds."""

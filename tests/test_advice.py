@@ -99,9 +99,12 @@ async def test_advice_from_own_history_only(api_as: Any, monitor: Any) -> None:
     assert status == 200 and answer["advice"] is None, "no runs of that name: no advice"
 
     # in show: to the owner, from their other runs; another user sees no advice
-    status, view = await api_as("tok-alice", "GET", f"jobs/{mine[0]}")
+    asked = {"advice": "1"}
+    status, view = await api_as("tok-alice", "GET", f"jobs/{mine[0]}", params=asked)
     assert view["advice"]["runs"] == 1 and view["advice"]["job_ids"] == [mine[1]]
-    status, view = await api_as("tok-bob", "GET", f"jobs/{mine[0]}")
+    status, view = await api_as("tok-alice", "GET", f"jobs/{mine[0]}")
+    assert status == 200 and "advice" not in view, "only when asked: clients poll this view"
+    status, view = await api_as("tok-bob", "GET", f"jobs/{mine[0]}", params=asked)
     assert status == 200 and "advice" not in view
-    status, view = await api_as("tok-bob", "GET", f"jobs/{theirs}")
+    status, view = await api_as("tok-bob", "GET", f"jobs/{theirs}", params=asked)
     assert view["advice"] is None, "bob's only run of the name: nothing else to learn from"

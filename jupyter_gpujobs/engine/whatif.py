@@ -247,10 +247,9 @@ class WhatIf:
         (not `exclude`) for the request `asked`; with `floor`, when its suggestion would start
         if asked for now, waiting from `floor` on."""
         s = self.state
-        runs, stats = history(s.store, user, name, s.clock(), exclude)
+        runs = [r for r in history(s.store, user, name, s.clock()) if r.job_id != exclude]
         cards = [g.memory_total_mb for g in self.inventory.inventory if gpu_matches_type(g.name, asked.gpu_type)]
-        out = advise(asked.gpus, asked.share, asked.gpu_memory, asked.time_limit_s, runs, stats,
-                     min(cards, default=None))
+        out = advise(asked.gpus, asked.share, asked.gpu_memory, asked.time_limit_s, runs, min(cards, default=None))
         suggest = out and out["suggest"]
         if not out or not suggest or floor is None or s.mirrored:
             return out

@@ -1,5 +1,5 @@
 """Handlers of the jobs and the queue: list, submit (or only ask when it would start:
-`?dry_run=1`), show (with right-sizing advice for the owner), change, hold, release, cancel
+`?dry_run=1`), show (with right-sizing advice for the owner: `?advice=1`), change, hold, release, cancel
 (one or many), the end and adoption of a kernel's job, a job's log and events, and the queue's
 pages (cached per state of the queue).
 
@@ -46,7 +46,7 @@ class JobsHandler(GPUJobsHandler):
     @authorized
     async def post(self) -> None:
         body = self.json_object("describing the job")
-        if _dry_run(self):  # a what-if: checked as a submission, answered, nothing stored
+        if _flag(self, "dry_run"):  # a what-if: checked as a submission, answered, nothing stored
             self.reply(await self.service.what_if(self.owner, body))
             return
         jobs = await self.service.submit(self.owner, body)
@@ -57,14 +57,14 @@ class JobsHandler(GPUJobsHandler):
         self.reply(out, status=201)
 
 
-def _dry_run(handler: GPUJobsHandler) -> bool:
-    """`?dry_run=1` (or true/yes; 0/false/no or absent: a real submission)."""
-    raw = (handler.get_argument("dry_run", None) or "").strip().lower()
+def _flag(handler: GPUJobsHandler, name: str) -> bool:
+    """`?name=1` (or true/yes; 0/false/no or absent: no)."""
+    raw = (handler.get_argument(name, None) or "").strip().lower()
     if raw in ("", "0", "false", "no"):
         return False
     if raw in ("1", "true", "yes"):
         return True
-    raise ApiError(400, "dry_run", f"expected 1 or 0, got {raw[:40]!r}")
+    raise ApiError(400, name, f"expected 1 or 0, got {raw[:40]!r}")
 
 
 class JobHandler(GPUJobsHandler):
@@ -73,7 +73,9 @@ class JobHandler(GPUJobsHandler):
     async def get(self, job_id: str) -> None:
         job = self.service.get(self.job_id(job_id))
         out = self.service.view(job, self.owner)
-        if job.user == self.owner:  # right-sizing advice from the owner's own history, to them only
+        # right-sizing advice from the owner's own history, to them only, when asked: clients
+        # poll this view (a cell's magic 20 times a second), and advice reads the store
+        if _flag(self, "advice") and job.user == self.owner:
             out["advice"] = self.service.advice(job)
         self.reply(out)
 
