@@ -141,6 +141,46 @@ export interface IJob {
   /** Epoch seconds, while it runs with a time limit: when it reaches it, and when it is warned. */
   ends_at?: number | null;
   warn_at?: number | null;
+  /** Right-sizing advice, to the owner, when asked for (`api.job(id, true)`); null: no earlier runs. */
+  advice?: IAdvice | null;
+}
+
+/** What a user's own earlier finished runs of a job's name used, and a smaller request (docs/what-if.md). */
+export interface IAdvice {
+  runs: number;
+  job_ids: number[];
+  peak_gpu_memory_mb: number | null;
+  mean_utilization: number | null;
+  longest_run_s: number;
+  /** Only the fields that change: a share (gpus below 1) and/or a time limit; null: the request fits. */
+  suggest: { gpus?: number; time_limit_s?: number } | null;
+  used: string;
+  /** "3 earlier runs: used <= 18 GB, ran <= 40m of 4h: a 0.25 share with 1h would start now" */
+  text: string;
+  expected_start?: number | null;
+}
+
+/** A nearby choice of a what-if, and when it would start. */
+export interface IWhatIfChoice {
+  gpus: number;
+  gpu_type: string | null;
+  time_limit_s: number;
+  gpu_memory: number | null;
+  change?: string;
+  expected_start: number | null;
+}
+
+/** The answer of `POST jobs?dry_run=1`: nothing was submitted. */
+export interface IWhatIf {
+  dry_run: true;
+  /** What was asked, as the engine read it (no start: that is `expected_start`). */
+  request: Omit<IWhatIfChoice, 'expected_start'>;
+  tasks: number;
+  now: number;
+  expected_start: number | null;
+  alternatives: IWhatIfChoice[];
+  advice: IAdvice | null;
+  basis?: string;
 }
 
 export interface IJobEvent {
@@ -353,7 +393,7 @@ export const api = {
     requestAPI<{ jobs: IJob[]; next: number | null }>(
       `jobs?user=${encodeURIComponent(user)}&limit=${limit}`
     ),
-  job: (id: number) => requestAPI<IJob>(`jobs/${id}`),
+  job: (id: number, advice = false) => requestAPI<IJob>(`jobs/${id}${advice ? '?advice=1' : ''}`),
   /** The first `limit` pending jobs in scheduling order, and how many are pending in all. */
   queue: (limit = QUEUE_PAGE) =>
     requestAPI<{ jobs: IJob[]; total: number; offset: number; next: number | null; held?: number }>(
@@ -366,6 +406,9 @@ export const api = {
   release: (id: number) => requestAPI<IJob>(`jobs/${id}/release`, { method: 'POST' }),
   submit: (body: ISubmitNotebook) =>
     requestAPI<IJob>('jobs', { method: 'POST', body: JSON.stringify(body) }),
+  /** When the request would start, nearby choices, advice: checked as a submission, nothing submitted. */
+  whatIf: (body: ISubmitNotebook) =>
+    requestAPI<IWhatIf>('jobs?dry_run=1', { method: 'POST', body: JSON.stringify(body) }),
   log: (id: number, offset: number) =>
     requestAPI<{ offset: number; data: string; done: boolean }>(
       `jobs/${id}/log?offset=${offset}`

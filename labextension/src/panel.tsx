@@ -466,6 +466,21 @@ function JobRow(props: {
 }): React.ReactElement {
   const { job, now, actions } = props;
   const final = FINAL_STATES.has(job.state);
+  // right-sizing advice from the user's earlier runs of this name, fetched when asked
+  const [advice, setAdvice] = React.useState<string | null>(null);
+  const askAdvice = async (): Promise<void> => {
+    if (advice !== null) {
+      setAdvice(null);
+      return;
+    }
+    setAdvice('…');
+    try {
+      const a = (await api.job(job.id, true)).advice;
+      setAdvice(a ? a.text : 'no earlier finished runs of this name to learn from');
+    } catch (e) {
+      setAdvice(e instanceof Error ? e.message : String(e));
+    }
+  };
   return (
     <li
       className={`jp-GPUJobs-job jp-mod-${job.state.toLowerCase()}`}
@@ -510,6 +525,9 @@ function JobRow(props: {
           </span>
         </div>
       )}
+      {advice !== null && (
+        <div className="jp-GPUJobs-jobDetail jp-GPUJobs-advice">{advice}</div>
+      )}
       {!!job.retries && (
         <div className="jp-GPUJobs-jobDetail jp-GPUJobs-retries">
           run {(job.retried || 0) + 1} of {job.retries + 1} (retries after a failure)
@@ -548,6 +566,16 @@ function JobRow(props: {
             onClick={() => actions.openLog(job)}
           >
             Log
+          </button>
+        )}
+        {job.name && (
+          <button
+            className="jp-GPUJobs-button"
+            data-action="advice"
+            title={`What your earlier runs named ${job.name} really used, and a smaller request that would have held them`}
+            onClick={() => void askAdvice()}
+          >
+            {advice === null ? 'Advice' : 'Hide advice'}
           </button>
         )}
         {job.kind === 'notebook' && job.output_notebook && job.state !== 'PENDING' && (

@@ -2,13 +2,16 @@
  * "Run on GPU queue…": a dialog for GPUs, GPU type, time limit, priority, a signal before the
  * end and requeue at the limit (docs/long-jobs.md), and parameters,
  * then `POST jobs` with a notebook job. A 4xx answer reopens the dialog with the message
- * next to the field it names, keeping what was typed.
+ * next to the field it names, keeping what was typed. "When would it start?" asks the same
+ * request as a what-if (`POST jobs?dry_run=1`, docs/what-if.md) and shows the answer in the
+ * dialog: when it would start, nearby choices that start sooner, advice from earlier runs.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
-import { APIError, IJob, ISubmitNotebook, api } from './api';
+import { APIError, IJob, ISubmitNotebook, IWhatIf, IWhatIfChoice, api } from './api';
 import { addFormRows } from './form';
+import { formatClock, nowSeconds } from './format';
 
 export interface ISubmitValues {
   gpus: string;
@@ -122,6 +125,25 @@ class SubmitForm extends Widget {
       ],
       error
     );
+    const ask = document.createElement('button');
+    ask.type = 'button';
+    ask.className = 'jp-mod-styled jp-mod-reject jp-GPUJobs-whatIfButton';
+    ask.textContent = 'When would it start?';
+    ask.title = 'Ask the queue when this request would start, and what would start sooner (nothing is submitted)';
+    const answer = document.createElement('div');
+    answer.className = 'jp-GPUJobs-whatIf';
+    answer.setAttribute('aria-live', 'polite');
+    ask.onclick = async () => {
+      answer.textContent = 'asking the queue…';
+      try {
+        answer.replaceChildren(...whatIfLines(await api.whatIf(buildRequest(path, this.getValue())), nowSeconds()));
+      } catch (e) {
+        const field = e instanceof APIError && e.field ? `${e.field}: ` : '';
+        answer.textContent = `${field}${e instanceof Error ? e.message : String(e)}`;
+      }
+      answer.scrollIntoView({ block: 'nearest' }); // below the fields, in a dialog that scrolls
+    };
+    form.append(ask, answer);
     this.node.append(form);
   }
 
@@ -148,6 +170,45 @@ class SubmitForm extends Widget {
   private _signal: HTMLInputElement;
   private _requeue: HTMLInputElement;
   private _params: HTMLTextAreaElement;
+}
+
+/** "now", "at 15:40", "unknown". */
+function when(epoch: number | null, now: number): string {
+  if (epoch === null) {
+    return 'unknown';
+  }
+  return epoch - now < 1 ? 'now' : `at ${formatClock(epoch, epoch - now >= 20 * 3600)}`;
+}
+
+/** "1xA100", "a 0.5 share of A100" (with its limit when that is what changed). */
+export function choiceText(c: IWhatIfChoice): string {
+  const model = (c.gpu_type || '').replace('NVIDIA ', '');
+  let text = c.gpus > 0 && c.gpus < 1 ? `a ${c.gpus} share${model ? ` of ${model}` : ''}` : `${c.gpus}x${model || 'GPU'}`;
+  if (c.change === 'a shorter time limit') {
+    text += ` with ${Math.round(c.time_limit_s / 60)}m`;
+  }
+  return text;
+}
+
+/** The answer of a what-if as lines: "1xA100 at 15:40; a 0.5 share now; 1xT4 now", advice. */
+export function whatIfLines(a: IWhatIf, now: number): HTMLElement[] {
+  const line = (cls: string, text: string): HTMLElement => {
+    const el = document.createElement('div');
+    el.className = cls;
+    el.textContent = text;
+    return el;
+  };
+  const asked = { ...a.request, expected_start: a.expected_start };
+  const choices = [asked, ...a.alternatives].map(c => `${choiceText(c)} ${when(c.expected_start ?? null, now)}`);
+  const out = [line('jp-GPUJobs-whatIfStart', `Would start ${when(a.expected_start, now)} (nothing was submitted)`)];
+  out.push(line('jp-GPUJobs-whatIfChoices', choices.join('; ')));
+  if (a.advice) {
+    out.push(line('jp-GPUJobs-whatIfAdvice', `Advice: ${a.advice.text}`));
+  }
+  if (a.basis) {
+    out.push(line('jp-GPUJobs-whatIfBasis', `Estimated from ${a.basis}`));
+  }
+  return out;
 }
 
 function input(type: string, value: string): HTMLInputElement {
