@@ -8,8 +8,9 @@
 #   kernel's own overlay storage) and the test image, built here from the host's own files
 #   (no registry is reachable from CI) and imported into each test user's storage:
 #   localhost/gpujobs-test:latest = busybox (sh and the usual commands) + Debian's python3.11
-#   with its standard library and the libraries it loads; no jupyter_gpujobs or ipykernel in
-#   it: the tests mount the test venv (/opt/gpujobs-test) read-only into their containers.
+#   with its standard library and the system libraries it and the test venv's extension
+#   modules load (pyzmq: librt, libstdc++); no jupyter_gpujobs or ipykernel in it: the tests
+#   mount the test venv (/opt/gpujobs-test, GPUJOBS_TEST_VENV) read-only into their containers.
 # `GPUJOBS_TEST_IMAGE` names another image; `--image-tar FILE` only writes the image's tarball.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 0
 fi
 IMAGE=${GPUJOBS_TEST_IMAGE:-localhost/gpujobs-test:latest}
+VENV=${GPUJOBS_TEST_VENV:-/opt/gpujobs-test}
 USERS="gpujobs-u1 gpujobs-u2 gpujobs-admin1"
 
 build_tar() {  # the test image's root as a tarball: $1
@@ -37,8 +39,9 @@ build_tar() {  # the test image's root as a tarball: $1
     cp -a "/usr/lib/$(basename "$python")" "$root/usr/lib/"
     # the shared libraries python and its extension modules load, at their own paths
     local libs
-    libs=$( { ldd "$python"; find "/usr/lib/$(basename "$python")/lib-dynload" -name '*.so' -exec ldd {} \; ; } \
-            2>/dev/null | grep -o '/[^ ]*' | sort -u)
+    libs=$( { ldd "$python"; find "/usr/lib/$(basename "$python")/lib-dynload" -name '*.so' -exec ldd {} \; ;
+              [ -d "$VENV" ] && find "$VENV" -name '*.so*' -type f -exec ldd {} \; ; } \
+            2>/dev/null | grep -o '/[^ ]*' | grep -v "^$VENV/" | sort -u)
     for lib in $libs; do
         mkdir -p "$root$(dirname "$lib")"
         cp -L "$lib" "$root$lib"
@@ -85,6 +88,6 @@ for user in $USERS; do
         printf '[engine]\nruntime = "runc"\n' | runuser -u "$user" -- tee "$conf/containers.conf" >/dev/null
     fi
     (cd / && runuser -u "$user" -- podman import -q --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
-        "$tar_file" "$IMAGE" >/dev/null)
+        "$tar_file" "$IMAGE" >/dev/null && runuser -u "$user" -- podman image prune -f >/dev/null)  # (the one it replaced)
 done
 echo "install-podman.sh: podman $(podman --version | cut -d' ' -f3), image $IMAGE for $USERS"

@@ -173,3 +173,36 @@ def test_cell_job_runs_in_an_image(tmp_path: Path) -> None:
             server.shutdown_kernel(kc)
     assert (gpus, host_root, uid) == ("0", False, pwd.getpwnam(U1).pw_uid)
     assert len(nodes) == 1 and nodes[0].startswith("nvidia")
+
+
+def test_gpu_kernel_runs_in_an_image(tmp_path: Path) -> None:
+    """A GPU kernelspec with an image (`kernelspec install --image`): the kernel runs in the
+    image (ipykernel from the test venv, mounted read-only), as its user, on its one GPU
+    numbered 0, confined in its job's cgroup; nothing of it is left once it is shut down."""
+    from team import Team, evaluate
+
+    engine_args = ["--GPUJobs.allowed_images=localhost/*",
+                   f"--GPUJobs.container_options=--mount=type=bind,source={VENV},destination={VENV},ro"]
+    with Team(fake_gpus="2xA100", users=(U1,), engine_args=engine_args) as team:
+        r = team.cli(U1, "kernelspec", "install", "--name", "py-image", "--image", IMAGE, "--gpus", "1",
+                     "--time", "5m", "--user")
+        assert r.returncode == 0, r.stderr
+        server = team.servers[U1]
+        try:
+            kc = server.start_kernel("py-image")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{team.logs()}") from None
+        try:
+            code = ("import json, os\nprint(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], "
+                    "os.path.exists('/etc/debian_version'), os.getuid(), int(os.environ['GPUJOBS_JOB_ID']), "
+                    "sorted(d for d in os.listdir('/dev') if d.startswith('nvidia')), "
+                    "[line for line in open('/proc/self/cgroup') if 'devices' in line]]))")
+            gpus, host_root, uid, job_id, nodes, cgroup = evaluate(kc, code, timeout=120)
+        finally:
+            server.shutdown_kernel(kc)
+        assert (gpus, host_root, uid) == ("0", False, pwd.getpwnam(U1).pw_uid)
+        assert len(nodes) == 1 and nodes[0].startswith("nvidia")
+        assert "/gpujobs/" in cgroup[0], cgroup  # in its job's (device) cgroup: the fence holds
+        done = team.wait_state(job_id, ENDED, timeout=60)
+        assert done["state"] == "COMPLETED", done["reason"]
+        assert not _left_of(f"gpujobs-{job_id}-"), "podman or conmon of the kernel left running"

@@ -91,21 +91,25 @@ class Kernels:
                 raise PermissionDenied(f"process {proc_pid} belongs to another GPU job ({run}); "
                                        "it cannot join this one")
         gpus = [g for g in self.inventory.inventory if g.index in job.assigned_gpus and g.host in (None, job.host)]
+        # a kernel in an image (issue 29): the container its launcher runs once confined
+        extra = {"container": s.containers.launch(job.id, job.image, job.cwd or str(self.access.root_for(job.user)),
+                                                  self.inventory.job_devices(gpus), run_as(job.user, s.run_as_owner))
+                 } if job.image else {}
         req = LaunchRequest(job_id=job.id, command=[], cwd="", mem_bytes=job.mem_bytes, cpus=job.cpus,
                             deny_devices=self.inventory.deny_devices(gpus))
         try:
             new = s.runner.adopt(req, [p for p, _ in procs], handle)
         except OSError as err:
             log.warning("gpujobs: could not confine kernel job %s (pid %s): %s", job.id, pid, err)
-            return {"confined": False, "isolation": f"not confined: {err.strerror or err}"}
+            return {"confined": False, "isolation": f"not confined: {err.strerror or err}", **extra}
         if new is None:
-            return {"confined": False, "isolation": self.inventory.isolation}
+            return {"confined": False, "isolation": self.inventory.isolation, **extra}
         new["launcher"] = _process_key(launcher)  # whose death leaves the kernel to the engine
         if handle != new:
             s.store.update_job(job.id, runner_handle=new)
             s.adopted[job.id] = new
         s.empty_since.pop(job.id, None)
-        return {"confined": True, "isolation": self.inventory.isolation}
+        return {"confined": True, "isolation": self.inventory.isolation, **extra}
 
     def end_external(self, job: Job, state: JobState, actor: str, reason: str) -> Job:
         """End a running kernel job. A confined one keeps its GPUs until its last process is

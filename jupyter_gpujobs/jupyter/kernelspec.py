@@ -2,7 +2,7 @@
 
 A GPU kernelspec is a copy of an existing one (python3 by default: its argv, language, env,
 logos) plus `metadata.kernel_provisioner` naming `gpujobs-provisioner` with the request
-(`gpus`, `gpu_type`, `time_limit`, `priority`, `idle_timeout`, `max_wait`, `signal`). It is installed
+(`gpus`, `gpu_type`, `time_limit`, `priority`, `idle_timeout`, `max_wait`, `signal`, `image`). It is installed
 with jupyter_client's `KernelSpecManager.install_kernel_spec`, so it lands where Jupyter looks
 (`--user`, `--sys-prefix`, `--prefix`, or the system-wide default) and shows in the Lab launcher.
 
@@ -29,6 +29,7 @@ from ..model import (
     parse_duration,
     parse_gpu_memory,
     parse_gpus,
+    parse_image,
     parse_priority,
     parse_warn_signal,
 )
@@ -41,7 +42,8 @@ INSTALL_HINT = "jupyter gpujobs kernelspec install --name python3-gpu --gpus 1 -
 
 def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type: str | None = None,
                priority: str = "normal", idle_timeout: Any = None, max_wait: Any = None,
-               display_name: str | None = None, gpu_memory: Any = None, signal: str | None = None) -> dict[str, Any]:
+               display_name: str | None = None, gpu_memory: Any = None, signal: str | None = None,
+               image: str | None = None) -> dict[str, Any]:
     """kernel.json of a GPU kernelspec wrapping `wrapped` (a kernel.json dict). Raises InvalidInput.
     `gpus` below 1 (0.5) or `gpu_memory` ("16G"): its kernels run on a share of one GPU."""
     n, share = parse_gpus(gpus, "gpus")
@@ -65,6 +67,8 @@ def build_spec(wrapped: dict[str, Any], *, gpus: Any, time_limit: Any, gpu_type:
         config["max_wait"] = format_duration(parse_duration(max_wait, "max_wait"))
     if signal not in (None, ""):  # a signal before the time limit (`--signal USR1@5m`)
         config["signal"] = parse_warn_signal(signal, limit, "signal").text()
+    if image is not None:  # the container image its kernels run in (issue 29); "": the host
+        config["image"] = parse_image(image)
     if not display_name:
         base = re.sub(r"\s*\(ipykernel\)\s*$", "", wrapped.get("display_name") or "Kernel")
         if share is not None or memory is not None:  # "0.5 of a GPU", "16G of an A100"
@@ -109,7 +113,7 @@ def install(args: argparse.Namespace) -> int:
     spec = build_spec(source, gpus=args.gpus, time_limit=args.time_limit, gpu_type=args.gpu_type,
                       priority=args.priority, idle_timeout=args.idle_timeout, max_wait=args.max_wait,
                       display_name=args.display_name, gpu_memory=getattr(args, "gpu_memory", None),
-                      signal=getattr(args, "signal", None))
+                      signal=getattr(args, "signal", None), image=getattr(args, "image", None))
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, name)
         os.mkdir(folder)

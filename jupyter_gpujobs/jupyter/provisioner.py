@@ -33,6 +33,8 @@ import json
 import logging
 import os
 import signal
+import sys
+import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -51,6 +53,7 @@ from ..model import (
     parse_duration,
     parse_gpu_memory,
     parse_gpus,
+    parse_image,
     parse_priority,
     parse_warn_signal,
 )
@@ -163,6 +166,10 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                        help="Let Jupyter restart a GPU kernel that died by itself. Off (default): its job "
                             "ends FAILED 'kernel died', its GPUs go back to the queue and the notebook "
                             "shows the kernel as dead. On: the restart queues a new job.")
+    image = Unicode(None, allow_none=True, config=True,
+                    help="Container image the kernel runs in (docs/containers.md), e.g. localhost/pytorch:2.3: "
+                         "the kernel's command runs there, as the user, on its GPUs alone; ipykernel must be "
+                         "in the image or mounted into it by the site. None: the host's (or the site's default).")
     mark_fake_gpu_use = Bool(True, config=True,
                              help="On fake GPUs, set GPUJOBS_FAKE=1 in the kernel so the fake backend counts "
                                   "the kernel's CPU load as its GPUs' utilization (as it does for jobs).")
@@ -188,6 +195,8 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     _pending_end: tuple[str, str] | None = None  # how cleanup() ends the job (idle, time limit)
     _fake_gpus = False
     _slurm: SlurmKernel | None = None  # the engine hands jobs to Slurm: the kernel is a Slurm job
+    _image: str | None = None  # the image its job runs in (None: the host)
+    _go_file: str | None = None  # a kernel in an image: where its launcher waits for its container
 
     # ================================================================= settings
 
@@ -209,6 +218,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "max_wait": _optional_duration(self.max_wait, "max_wait"),
                 # a signal before the time limit (`--signal USR1@5m`), only when the kernelspec asks
                 **({"signal": parse_warn_signal(self.signal, None, "signal").text()} if self.signal else {}),
+                **({"image": parse_image(self.image)} if self.image is not None else {}),
             }
         except InvalidInput as err:
             raise GPUKernelStartError(f"kernelspec {self._spec_name()!r}: {err}", 400) from None
@@ -254,6 +264,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             return await super().pre_launch(**kwargs)
         job = await self._allocation(settings)
         self._remember(job)
+        self._image = job.get("image")  # (the site's default image when the kernelspec names none)
         kwargs = await super().pre_launch(**kwargs)
         kwargs["env"].update(await self._gpu_env(job))
         return kwargs
@@ -284,7 +295,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
                 gpus=settings["share"] if settings["share"] is not None else settings["gpus"],
                 gpu_memory=f"{settings['gpu_memory'] >> 20}M" if settings["gpu_memory"] is not None else None,
                 gpu_type=settings["gpu_type"], time_limit=settings["time_limit"],
-                priority=settings["priority"], signal=settings.get("signal"),
+                priority=settings["priority"], signal=settings.get("signal"), image=settings.get("image"),
                 payload={"kernel_id": self.kernel_id, "kernelspec": name, "server_pid": os.getpid(),
                          # the engine reclaims an idle kernel whose server is gone
                          "idle_timeout": settings["idle_timeout"]},
@@ -411,6 +422,11 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.connection_info = await self._slurm.launch(cmd, self.parent.connection_file, kwargs.get("env") or {},
                                                             kwargs.get("cwd"), self._settings())
             return self.connection_info
+        self._go_file = None
+        if self.job_id is not None and self._image:
+            # in its image: a launcher that becomes the container once the engine confined it (_confine)
+            self._go_file = os.path.join(tempfile.mkdtemp(prefix="gpujobs-kernel-"), "go.json")
+            cmd = [sys.executable, "-m", "jupyter_gpujobs.engine.containers.kernel", self._go_file, "--", *cmd]
         info = await super().launch_kernel(cmd, **kwargs)
         if self.job_id is not None:
             self._write_state(kernel_pid=self.pid)
@@ -438,9 +454,21 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         except (GPUJobsError, GPUKernelStartError) as err:
             self.log.warning("gpujobs: kernel %s is not confined by the engine: %s", self.kernel_id,
                              getattr(err, "message", err))
+            self._tell_launcher({"error": f"the engine did not confine the kernel: {getattr(err, 'message', err)}"})
             return
+        self._tell_launcher(answer)
         if not answer.get("confined"):
             self.log.info("gpujobs: kernel %s runs unconfined (%s)", self.kernel_id, answer.get("isolation"))
+
+    def _tell_launcher(self, answer: dict[str, Any]) -> None:
+        """A kernel in an image: hand its launcher the engine's answer (its container), now that
+        the launcher is in the job's cgroup (engine/containers/kernel.py)."""
+        go, self._go_file = self._go_file, None
+        if go is None:
+            return
+        with open(go + ".tmp", "w") as f:
+            json.dump(answer, f)
+        os.rename(go + ".tmp", go)
 
     # ================================================================= watching
 
