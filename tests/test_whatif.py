@@ -146,6 +146,13 @@ def test_cli_test_only(live_server: Any) -> None:
     bad = server.cli("submit", "--test-only", "-g", "1", "--type", "H100", "--", "true")
     assert bad.returncode == 1 and "gpu_type" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert [j["id"] for j in client.jobs()["jobs"]] == [holder_id], "--test-only submitted nothing"
+    # show gives its owner advice from their earlier runs of the name
+    runs = [client.submit(["true"], gpus=1, gpu_type="T4", time_limit="2h", name="quick")["id"] for _ in range(2)]
+    for job_id in runs:
+        assert client.wait(job_id, timeout=30)["state"] == "COMPLETED"
+    show = server.cli("show", str(runs[1]))
+    advice = next(line for line in show.stdout.splitlines() if line.startswith("advice: "))
+    assert advice.startswith("advice: 1 earlier run: ") and "ran <= " in advice and advice.endswith("10m would do"), advice
     client.cancel(holder_id)
 
 
