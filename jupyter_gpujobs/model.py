@@ -167,22 +167,37 @@ def format_relative(t: float | None, now: float, unknown: str = "-") -> str:
     return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
 
 
-def format_expected_start(t: float | None, kind: str | None, now: float, unknown: str = "unknown") -> str:
-    """An expected start as a user should read it: a prediction from runtimes as `"about 13:40
-    (in 4m)"`, a bound from time limits as `"by 14:05 at the latest (in 29m)"` (local clock;
-    the weekday or date when it is not within the next 20 hours), `"now"` when it is due."""
-    if not t:
-        return unknown
-    if t - now < 1:
-        return "now"
+def _clock(t: float, now: float) -> str:
+    """A time on the local clock, with the weekday or date when not within the next 20 hours."""
     local = time.localtime(t)
     if t - now < 20 * 3600:
-        clock = time.strftime("%H:%M", local)
-    elif t - now < 6 * 86400:
-        clock = time.strftime("%a %H:%M", local)
-    else:
-        clock = time.strftime("%b %d %H:%M", local)
+        return time.strftime("%H:%M", local)
+    if t - now < 6 * 86400:
+        return time.strftime("%a %H:%M", local)
+    return time.strftime("%b %d %H:%M", local)
+
+
+def format_expected_start(t: float | None, kind: str | None, now: float, unknown: str = "unknown",
+                          span: Sequence[float] | None = None) -> str:
+    """An expected start as a user should read it: a prediction from runtimes as `"about 13:40
+    (in 4m)"`, a bound from time limits as `"by 14:05 at the latest (in 29m)"` (local clock;
+    the weekday or date when it is not within the next 20 hours), `"now"` when it is due.
+    With its range (`span`, the view's `expected_start_range`) a minute or more wide:
+    `"14:20-15:05 (about 14:40, in 24m)"`, `"14:20-15:05 (by 15:05 at the latest, in 24m)"`.
+    An expected start that already passed is `unknown`: it is known to be wrong."""
+    if not t or t < now - 60:
+        return unknown
+    if t - now < 1 and not (span and span[1] - now >= 60):
+        return "now"
     rel = format_relative(t, now)
+    clock = _clock(t, now)
+    if span and span[1] - span[0] >= 60:
+        lo, hi = max(span[0], now), span[1]
+        first = "now" if lo - now < 60 else _clock(lo, now)
+        last = _clock(hi, now)
+        if kind == "prediction":
+            return f"{first}-{last} (about {clock}, {rel})" if t - now >= 1 else f"{first}-{last} (likely now)"
+        return f"{first}-{last} (by {last} at the latest, {rel})"
     return f"about {clock} ({rel})" if kind == "prediction" else f"by {clock} at the latest ({rel})"
 
 
@@ -747,6 +762,9 @@ class Job:
     expected_start: float | None = None
     position: int | None = None
     predicted_runtime_s: float | None = None
+    # (10th, 90th percentile) of the runtimes its prediction rests on, at any confidence: the
+    # spread that its own and later jobs' expected-start ranges come from (plan_predict.py)
+    predicted_runtime_range: tuple[float, float] | None = None
 
     def replace(self, **changes: Any) -> Job:
         return replace(self, **changes)
@@ -938,6 +956,9 @@ class Plan:
     # the jobs whose expected start is a prediction from runtimes (Policy.use_predictions);
     # every other expected start is a bound: from time limits, kept if jobs run to them
     predicted: set[int] = field(default_factory=set)
+    # (earliest, latest) of a waiting job's expected start (plan_predict.py): its start when
+    # the jobs ahead run to the 10th and to the 90th percentile of their runtimes' spread
+    expected_range: dict[int, tuple[float, float]] = field(default_factory=dict)
     cancels: list[tuple[int, str]] = field(default_factory=list)  # e.g. afterok dependency failed
     # the priority order this cycle used (scheduler.priority.QueueOrder), for the next cycles
     queue_order: Any = field(default=None, compare=False, repr=False)

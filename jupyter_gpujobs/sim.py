@@ -14,8 +14,10 @@ Modelling choices (the trace has no time limits and no hosts):
 - a preempted job goes back to the queue at once (no grace) and later runs its whole
   duration again; its preemptor has a `Claim` in the next cycle, as on a server;
 - fair-share usage is updated with `decay_and_add` before every cycle, as the service does;
-- with `policy.use_predictions`, each job's `predicted_runtime_s` comes from the engine's
-  `RuntimePredictor` (key: user + GPUs), fed with the runs that ended before its submit;
+- with `policy.use_predictions`, each job's `predicted_runtime_s` (and the spread behind it,
+  `predicted_runtime_range`) comes from the engine's `RuntimePredictor` (key: user, and as
+  the signature GPUs + time limit), fed with the runs that ended before its submit
+  (`predicted_job`);
 - an event time at which no job arrived and every pending job asks for more GPUs than any
   host has free runs no cycle (it could start nothing; not done when guarantees could preempt);
 - advance reservations (`reservations`) are handed to every cycle as on a server; each
@@ -30,10 +32,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .engine.scheduler import Usage, decay_and_add, schedule
 from .engine.scheduler.reservations import occurrences_between
 from .model import GPU, Claim, Job, JobState, Policy, Reservation, is_share, share_fraction
+
+if TYPE_CHECKING:
+    from .engine.monitor.predict import Prediction
 
 LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 
@@ -104,6 +110,8 @@ class Result:
     predicted_n: int = 0
     waited_ok: int = 0  # the same two over the jobs that did not start at their submit
     waited_1m: int = 0
+    waited_5m25: int = 0  # ... within max(5 min, 25 % of the wait)
+    waited_in_range: int = 0  # ... inside the range given at submit (plan.expected_range), 60 s either side
     waited_n: int = 0
     bounds_n: int = 0  # jobs that waited with a bound at submit (from time limits) ...
     bounds_kept: int = 0  # ... and started no later than 60 s after it
@@ -144,6 +152,8 @@ class Result:
             "predicted_1m": self.predicted_1m / max(1, self.predicted_n),
             "waited_ok": self.waited_ok / max(1, self.waited_n),
             "waited_1m": self.waited_1m / max(1, self.waited_n),
+            "waited_5m25": self.waited_5m25 / max(1, self.waited_n),
+            "waited_in_range": self.waited_in_range / max(1, self.waited_n),
             "bounds_kept": self.bounds_kept / max(1, self.bounds_n),
             "bounds_share": self.bounds_n / max(1, self.waited_n),
             "predictions_ok": self.predictions_ok / max(1, self.predictions_n),
@@ -207,6 +217,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     first_start: dict[int, float] = {}
     predicted: dict[int, float | None] = {}  # the expected start the cycle at its submit gave
     kind: dict[int, bool] = {}  # ... and whether it was a prediction (else a bound)
+    ranges: dict[int, tuple[float, float]] = {}  # ... and its range (plan.expected_range)
     usage = Usage()
     last_t = res.first_submit
     claims: list[Claim] = []  # preemptors of the last cycle (their victims are back in the queue)
@@ -250,15 +261,13 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             res.busy_gpu_s += (now - _started(job, now)) * weight[jid]
             finished[jid] = JobState.COMPLETED
             if predictor is not None:
-                predictor.add((job.user, str(job.gpus), ""), duration[jid])
+                predictor.add(_key(job), duration[jid])
             _record(res, jobs[jid], first_start[jid], now, duration[jid])
         while i < len(todo) and todo[i].submit <= now:
             jid = todo[i].id
             if predictor is not None:
-                p = predictor.predict((jobs[jid].user, str(jobs[jid].gpus), ""))
-                if p.seconds is not None and p.confidence >= min_confidence:
-                    seconds = min(p.seconds, float(jobs[jid].time_limit_s or p.seconds))
-                    jobs[jid] = replace(jobs[jid], predicted_runtime_s=max(1.0, seconds))
+                jobs[jid] = predicted_job(jobs[jid], predictor.predict(_key(jobs[jid])),
+                                          min_confidence)
             pending[jid] = jobs[jid]
             size = _size(jobs[jid])
             sizes[size] = sizes.get(size, 0) + 1
@@ -279,6 +288,8 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         for jid in fresh:
             predicted[jid] = now if jid in started_now else plan.expected_start.get(jid, now)
             kind[jid] = jid in plan.predicted
+            if jid in plan.expected_range:
+                ranges[jid] = plan.expected_range[jid]
         for p in plan.preemptions:
             victim = running.pop(p.job_id, None)
             if victim is None:
@@ -314,6 +325,10 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                 continue
             miss = abs(at - first_start[jid])
             ok, one = miss <= max(60.0, 0.1 * wait), miss <= 60.0
+            if waited:
+                res.waited_5m25 += miss <= max(300.0, 0.25 * wait)
+                lo, hi = ranges.get(jid, (at, at))
+                res.waited_in_range += lo - 60.0 <= first_start[jid] <= hi + 60.0
             res.predicted_ok += ok
             res.predicted_1m += one
             if waited:
@@ -327,6 +342,28 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
                 res.waited_ok += ok
                 res.waited_1m += one
     return res
+
+
+def _key(job: Job) -> tuple[str, str, str]:
+    """A job's prediction key (monitor.predict.job_key): the trace has no names nor commands,
+    so its signature is its GPUs and time limit (a user's runs of one script ask alike)."""
+    return (job.user, f"{job.gpus}x{job.time_limit_s}", "")
+
+
+def predicted_job(job: Job, p: Prediction, min_confidence: float) -> Job:
+    """A job with what a runtime prediction gives it, as the engine's monitor sets it: its
+    `predicted_runtime_s` when at least `min_confidence` sure, the spread of the runs behind it
+    (`predicted_runtime_range`, for expected-start ranges) at any confidence; both within its
+    time limit."""
+    if p.seconds is None:
+        return job
+    cap = float(job.time_limit_s) if job.time_limit_s else math.inf
+    changes: dict[str, object] = {}
+    if p.confidence >= min_confidence:
+        changes["predicted_runtime_s"] = max(1.0, min(p.seconds, cap))
+    if p.low_s is not None and p.high_s is not None:
+        changes["predicted_runtime_range"] = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
+    return replace(job, **changes)  # type: ignore[arg-type]
 
 
 def _size(job: Job) -> int:

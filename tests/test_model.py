@@ -56,6 +56,16 @@ def test_expected_starts_say_whether_they_are_a_bound_or_a_prediction(monkeypatc
         assert format_expected_start(now + 30 * 86400, "bound", now) == "by Dec 14 22:13 at the latest (in 30d)"
         assert format_expected_start(now - 5, "bound", now) == "now"
         assert format_expected_start(None, None, now) == "unknown"
+        # a range a minute or more wide: "starts 22:18-23:03", with the most likely start
+        span = (now + 294, now + 294 + 2700)
+        assert format_expected_start(now + 900, "prediction", now, span=span) == "22:18-23:03 (about 22:28, in 15m)"
+        assert format_expected_start(now + 3000, "bound", now, span=span) == (
+            "22:18-23:03 (by 23:03 at the latest, in 50m)")
+        assert format_expected_start(now + 30, "prediction", now, span=(now - 100, now + 600)) == (
+            "now-22:23 (about 22:13, in 30s)")
+        assert format_expected_start(now + 57, "prediction", now, span=(now + 57, now + 80)) == "about 22:14 (in 57s)"
+        # a start that passed while the job still waits is known to be wrong: unknown
+        assert format_expected_start(now - 300, "prediction", now, span=span) == "unknown"
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()

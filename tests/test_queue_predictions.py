@@ -2,7 +2,10 @@
 
 With no history an expected start is a bound from the time limits of the jobs ahead ("by
 14:05 at the latest"); once the monitor has seen jobs like the one running, it is a
-prediction from their runtimes ("about 13:40"), and the API says which (`expected_start_kind`)."""
+prediction from their runtimes ("about 13:40"), and the API says which (`expected_start_kind`).
+Every waiting job with history behind the jobs ahead has a range (`expected_start_range`, from
+the spread of those runtimes) and, when its start moved, a note saying why
+(`expected_start_note`). The pure parts first: the planner's ranges, the notes."""
 
 from __future__ import annotations
 
@@ -13,7 +16,65 @@ from typing import Any
 import pytest
 from servers import wait_for
 
+from jupyter_gpujobs.engine.scheduler import schedule
+from jupyter_gpujobs.engine.scheduler.estimates import moved_notes, overdue_jobs
+from jupyter_gpujobs.model import GPU, Job, JobState, Policy
+
 PY = sys.executable
+NOW = 1_800_000_000.0
+
+
+def _running(jid: int, host: str, index: int, started: float, predicted: float,
+             spread: tuple[float, float] | None = None) -> Job:
+    return Job(id=jid, user="u", gpus=1, state=JobState.RUNNING, host=host, assigned_gpus=(index,),
+               started_at=started, submitted_at=started, time_limit_s=3600, predicted_runtime_s=predicted,
+               predicted_runtime_range=spread)
+
+
+def test_a_waiting_jobs_range_comes_from_the_spread_of_the_runtimes_ahead() -> None:
+    # one GPU; the running job and each waiting one run 60 s as a rule, 30 to 120 s (10th-90th)
+    gpus = [GPU(0, "g0", "A100")]
+    running = [_running(1, "localhost", 0, NOW - 10, 60, (30, 120))]
+    waiting = [Job(id=i, user="u", gpus=1, submitted_at=NOW - 5 + i, time_limit_s=3600, predicted_runtime_s=60,
+                   predicted_runtime_range=(30, 120)) for i in (2, 3)]
+    plan = schedule(NOW, waiting, running, gpus, Policy())
+    assert plan.expected_start == {2: NOW + 50, 3: NOW + 110} and plan.predicted == {2, 3}
+    assert plan.expected_range == {2: (NOW + 20, NOW + 110), 3: (NOW + 50, NOW + 230)}
+    # past its 90th percentile a running job is bounded by its time limit only; the range
+    # still holds the expected start ("as long again")
+    late = [_running(1, "localhost", 0, NOW - 200, 60, (30, 120))]
+    plan = schedule(NOW, waiting[:1], late, gpus, Policy())
+    assert plan.expected_start == {2: NOW + 60} and plan.expected_range == {2: (NOW, NOW - 200 + 3600)}
+
+
+def test_a_wide_job_ahead_keeps_only_the_gpus_it_starts_on_from_the_jobs_behind() -> None:
+    # host a frees one GPU in 10 s, its other in 100 s; host b both in 20 and 30 s. The 2-GPU
+    # job first in line starts in 30 s (on b); the 1-GPU job behind it is not held until then:
+    # the GPU free in 10 s is left to it, as backfill gives it
+    gpus = [GPU(i, f"{h}{i}", "A100", host=h) for h in "ab" for i in (0, 1)]
+    running = [_running(1, "a", 0, NOW, 10), _running(2, "a", 1, NOW, 100),
+               _running(3, "b", 0, NOW, 20), _running(4, "b", 1, NOW, 30)]
+    wide = Job(id=5, user="v", gpus=2, submitted_at=NOW - 20, time_limit_s=3600, predicted_runtime_s=600)
+    one = Job(id=6, user="w", gpus=1, submitted_at=NOW - 10, time_limit_s=3600, predicted_runtime_s=600)
+    plan = schedule(NOW, [wide, one], running, gpus, Policy(fairshare=False, weight_size=0.0))
+    assert plan.order == [5, 6]
+    assert plan.expected_start == {5: NOW + 30, 6: NOW + 10}
+
+
+def test_an_overdue_start_moves_and_the_note_names_the_job_running_past_its_prediction() -> None:
+    over = _running(7, "localhost", 0, NOW - 300, 60)
+    assert overdue_jobs([over, _running(8, "localhost", 1, NOW - 10, 60)], NOW) == [7]
+    # told NOW - 30, still waiting: it moved (overdue), whatever the size of the step
+    refs, notes = moved_notes({2: NOW - 30, 3: NOW + 600}, {}, {2: NOW + 20, 3: NOW + 630}, NOW, [7])
+    assert notes == {2: "passed 30s ago while it waited: moved later by 50s: job 7 is running past its predicted end"}
+    assert refs == {2: NOW + 20, 3: NOW + 600}  # (3 moved by less than max(60 s, 10 %): told nothing new)
+    # small steps add up against the start last told, and a note stays until the next move
+    refs, notes = moved_notes(refs, notes, {2: NOW + 25, 3: NOW + 700}, NOW, [])
+    assert refs == {2: NOW + 20, 3: NOW + 700} and notes[2].startswith("passed 30s ago")
+    assert notes[3] == ("moved later by 1m40s: jobs ahead ran longer than predicted, or jobs of a higher "
+                        "priority came")
+    refs, notes = moved_notes(refs, notes, {3: NOW + 100}, NOW, [])
+    assert notes == {3: "moved earlier by 10m: jobs ahead ended sooner than predicted"}
 
 
 @pytest.fixture

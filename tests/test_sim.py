@@ -32,6 +32,7 @@ def test_replay_metrics_are_consistent(tmp_path: Path) -> None:
         assert 0 < m["jain_slowdown"] <= 1 and m["mean_bsld"] >= 1
         assert 0 <= m["predicted_1m"] <= m["predicted_ok"] <= 1 and m["waited_1m"] <= m["waited_ok"]
         assert res.bounds_n + res.predictions_n == res.waited_n > 0
+        assert m["waited_ok"] <= m["waited_5m25"] <= 1 and 0 <= m["waited_in_range"] <= 1
     # expected starts from time limits only: every estimate of a job that waited is a bound,
     # and here (no job arrives later to go first) each is kept
     limits = simulate(trace, replace(POLICIES["default"], use_predictions=False), hosts=1, gpus_per_host=4)

@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..model import Job, JobState, public_reason, view_state
+from ..model import Job, JobState, format_duration, public_reason, view_state
 from .errors import PermissionDenied
 from .runners.users import NotAUnixUser, in_group, run_as
 from .state import EngineState
@@ -115,6 +115,8 @@ class Access:
         position = None
         expected = None
         kind = None
+        span: list[float] | tuple[float, float] | None = None  # the range of its expected start
+        note = None  # why its expected start moved (scheduler/estimates.py)
         if job.state is JobState.PENDING:
             if s.positions is None:
                 s.positions = {jid: i + 1 for i, jid in enumerate(s.waiting)}
@@ -123,10 +125,21 @@ class Access:
             plan = s.plan
             if job.id in plan.expected_start:
                 expected, predicted = plan.expected_start[job.id], job.id in plan.predicted
+                span = plan.expected_range.get(job.id)
             else:
                 expected, predicted = s.estimates.get(job.id), job.id in s.estimates_predicted
+                span = s.estimate_ranges.get(job.id)
+            note = s.estimate_notes.get(job.id)
+            now = s.clock()
+            if expected is not None and expected < now - OVERDUE_S:  # known to be wrong: unknown until re-estimated
+                note = f"its expected start passed {format_duration(now - expected)} ago; it is estimated again"
+                expected = span = None
             if expected is not None:  # a prediction from runtimes, or a bound from time limits
                 kind = "prediction" if predicted else "bound"
+                if span is not None:  # (what already passed is now)
+                    span = [max(span[0], min(now, expected)), max(span[1], expected)]
+            else:
+                span = None
         ends_at, warn_at = s.limit_times(job) if job.state is JobState.RUNNING else (None, None)
         out = {
             "id": job.id, "name": job.name, "user": job.user, "kind": job.kind, "state": view_state(job),
@@ -134,7 +147,7 @@ class Access:
             "host": job.host, "submitted_at": job.submitted_at, "started_at": job.started_at,
             "ended_at": job.ended_at, "time_limit_s": job.time_limit_s, "exit_code": job.exit_code,
             "signal": job.signal, "reason": reason, "position": position, "expected_start": expected,
-            "expected_start_kind": kind,
+            "expected_start_kind": kind, "expected_start_range": span, "expected_start_note": note,
             "priority": job.priority, "group": job.group, "preemptible": job.preemptible,
             "borrowed": job.borrowed, "command": job.command, "cwd": job.cwd, "payload": job.payload,
             "depends": [f"{d.kind}:{d.job_id}" for d in job.depends], "begin": job.begin,
@@ -195,10 +208,15 @@ class Access:
         return mine[offset:offset + limit], len(mine)
 
 
+#: An expected start this far in the past, its job still waiting, is known to be wrong: the
+#: view says "unknown" (and why) until the next estimating cycle moves it
+OVERDUE_S = 60.0
+
 #: What anyone may see of any job: the queue view (Slurm's PrivateData=jobs).
 PUBLIC_FIELDS = frozenset({
     "id", "user", "kind", "state", "gpus", "gpu_type", "assigned_gpus", "host", "submitted_at",
     "started_at", "ended_at", "time_limit_s", "reason", "position", "expected_start", "expected_start_kind", "priority",
+    "expected_start_range", "expected_start_note",
     "group", "preemptible", "borrowed", "begin", "offpeak", "array_job_id", "array_index",
     "ends_at", "warn_at", "share", "gpu_memory", "held", "nodes",
 })

@@ -33,6 +33,7 @@ from .inventory import Inventory
 from .kernels import Kernels
 from .rules import Rules
 from .scheduler import schedule
+from .scheduler.estimates import moved_notes, overdue_jobs
 from .scheduler.fairshare import Usage, decay_and_add
 from .scheduler.shares import gpu_bytes
 from .state import EXTERNAL_KINDS, EngineState
@@ -157,8 +158,10 @@ class Cycle:
             gc.enable()
         self.schedule_seconds = time.perf_counter() - t_plan
         if estimate:
+            s.estimate_refs, s.estimate_notes = moved_notes(s.estimate_refs, s.estimate_notes, plan.expected_start,
+                                                            now, overdue_jobs(running, now))
             s.estimates, self.estimated_at, self.estimated_newest = plan.expected_start, now, newest
-            s.estimates_predicted = plan.predicted
+            s.estimates_predicted, s.estimate_ranges = plan.predicted, plan.expected_range
         started = {st.job_id for st in plan.starts}
         s.set_queue(plan, [jid for jid in plan.order if jid not in started] if started else plan.order)
         if plan.cancels:  # (a whole chain in one transaction)

@@ -137,6 +137,11 @@ class EngineState:
         # are predictions (the rest are bounds)
         self.estimates: dict[int, float | None] = {}
         self.estimates_predicted: set[int] = set()
+        # ... their ranges (earliest, latest); the start each job was last told, and why it
+        # moved from the one told before (scheduler/estimates.py)
+        self.estimate_ranges: dict[int, tuple[float, float]] = {}
+        self.estimate_refs: dict[int, float] = {}
+        self.estimate_notes: dict[int, str] = {}
 
         # ---- wake-ups
         self.wake_event: asyncio.Event | None = None  # set once the loops run

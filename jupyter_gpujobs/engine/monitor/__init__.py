@@ -13,7 +13,8 @@ GPU when the admin policy says so (the inventory's `GPU.draining`, read by the s
 stops rogue processes under `rogue_policy = "kill"`, runs the share watcher (shares.py: a job
 over its GPU memory share is warned, then stopped through `service.over_share`; it runs even
 with monitoring off, whenever a share job runs), and sets `Job.predicted_runtime_s` on
-active jobs when a prediction is confident.
+active jobs when a prediction is confident (and `Job.predicted_runtime_range`, the spread of
+the runs behind it, whenever there are any: expected-start ranges).
 
 The Monitor receives the engine it watches (`MonitoredEngine`, engine_view.py: exactly what
 it may call) and imports no part of the service. Its own parts: carry.py (going on past a
@@ -212,9 +213,11 @@ class Monitor:
     def _predict(self, job: Job) -> Prediction:
         p = self.predictor.predict(job_key(job.user, job.name, job.command, job.gpu_type))
         self.predictions[job.id] = p
+        cap = float(job.time_limit_s) if job.time_limit_s else float("inf")
         if p.seconds is not None and p.confidence >= self.settings.predict_min_confidence:
-            seconds = p.seconds if not job.time_limit_s else min(p.seconds, float(job.time_limit_s))
-            job.predicted_runtime_s = max(1.0, seconds)
+            job.predicted_runtime_s = max(1.0, min(p.seconds, cap))
+        if p.low_s is not None and p.high_s is not None:  # the spread, at any confidence (ranges)
+            job.predicted_runtime_range = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
         return p
 
     # ================================================================= ended jobs

@@ -4,9 +4,9 @@ A job's key is `(user, signature, gpu_type)`: the signature is its name, or when
 a signature of its command (`command_signature`). Past runs are (key, runtime) records.
 A prediction looks at the finest level of the key that has history — user+signature+GPU
 type, then user+signature, then user, then everyone — and predicts the median of the
-latest runs there. Its confidence (0..1) grows with the number of runs behind it, falls with
-their spread (relative median absolute deviation) and with every coarser level it had to
-fall back to.
+latest runs there, with their 10th and 90th percentiles as its spread. Its confidence
+(0..1) grows with the number of runs behind it, falls with their spread (relative median
+absolute deviation) and with every coarser level it had to fall back to.
 
 `RuntimePredictor` keeps the history incrementally (the engine feeds it each ended job and
 asks it for each new one); `predict_runtime()` is the same as one pure function over a list
@@ -38,6 +38,8 @@ class Prediction:
     level: str  # which level answered ("none" without history)
     runs: int  # how many past runs the estimate rests on
     upper_s: float | None = None  # the longest of those runs: a cautious bound for backfill
+    low_s: float | None = None  # their 10th percentile ...
+    high_s: float | None = None  # ... and 90th: the spread that expected-start ranges come from
 
 
 _NUMBER = re.compile(r"\d+")
@@ -75,6 +77,14 @@ def _spread(values: Sequence[float], mid: float) -> float:
     return median(abs(v - mid) for v in values) / mid
 
 
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values, linear between neighbours."""
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 class RuntimePredictor:
     """History of runtimes by key level; `add()` past runs, `predict()` new ones."""
 
@@ -107,8 +117,9 @@ class RuntimePredictor:
             count_factor = n / (n + 1.0)
             spread_factor = 1.0 / (1.0 + 2.0 * _spread(values, mid))
             confidence = LEVEL_WEIGHT[level] * count_factor * spread_factor
+            values.sort()
             return Prediction(seconds=mid, confidence=round(confidence, 3), level=level, runs=len(values),
-                              upper_s=max(values))
+                              upper_s=values[-1], low_s=_quantile(values, 0.1), high_s=_quantile(values, 0.9))
         return Prediction(seconds=None, confidence=0.0, level="none", runs=0)
 
 

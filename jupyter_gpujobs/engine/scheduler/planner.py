@@ -40,7 +40,7 @@ from .fairshare import Usage, as_usage
 from .placement import INF, AggregateLine, Cluster, View
 from .plan_deep import DeepWalk
 from .plan_memo import Memos
-from .plan_predict import Predicting
+from .plan_predict import PredictedLine, Predicting
 from .plan_preempt import Preempting
 from .plan_rules import Rules, _may_fit
 from .preemption import VictimIndex
@@ -181,34 +181,14 @@ class _Cycle(Rules, Preempting, Predicting, Memos, DeepWalk):
         self.depth: float = INF if depth is None else max(0, depth)
         self.reserved_n = 0
         self.deep: AggregateLine | None = None
-        # policy.use_predictions: expected starts from predicted runtimes (estimates only)
-        self.pred: AggregateLine | None = None
+        # policy.use_predictions: expected starts from predicted runtimes, and their ranges
+        # (estimates only: plan_predict.py)
+        self.pred: PredictedLine | None = None
         # whether the line of predicted ends holds a prediction yet (before one, a start on it
         # is the time limits' start with less care for packing: a bound, not a prediction)
         self.any_pred = False
         if policy.use_predictions:
-            busy: dict[tuple[str, int], float] = {}
-            for r in running:
-                if r.host is None:
-                    continue
-                end = self.ends[r.id]
-                if r.predicted_runtime_s is not None and r.started_at is not None:
-                    self.any_pred = True
-                    guess = r.started_at + r.predicted_runtime_s
-                    if guess <= now:  # past its prediction: as long again, within its limit
-                        guess = now + r.predicted_runtime_s
-                    end = min(end, guess)
-                for i in r.assigned_gpus:
-                    busy[(r.host, i)] = max(end, now)
-            for key, end in self.blocked_until.items():
-                busy[key] = max(busy.get(key, now), end)
-            self.pred = AggregateLine(self.cluster, busy)
-            # per pool, when its GPUs free on that line (running jobs only): a k-GPU job's
-            # predicted start is no earlier than the first pool with k of them (packing)
-            cl = self.cluster
-            self.pred_pools = [sorted(busy.get((cl.pool_host[p], i), now) for _, i in av)
-                               for p, av in enumerate(cl.avail)]
-            self.pred_views: dict[int, tuple[list[float] | None, list[float]]] = {}  # `_pred_view`
+            self._init_predictions(running)
         self.failed_shapes: dict[tuple[int, str | None], float] = {}  # (k, type) -> least failed limit
         # (type, user, group, class) -> fewest GPUs for which preemption failed
         self.failed_preempt: dict[tuple[str | None, str | None, str | None, str], int] = {}
