@@ -38,9 +38,10 @@ def _ago(t: float | None, now: float) -> str:
 
 
 def _starts(job: dict[str, Any], now: float) -> str:
-    """A pending job's expected start: "about 13:40 (in 4m)" (a prediction) or "by 14:05 at
-    the latest (in 29m)" (a bound from time limits)."""
-    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now)
+    """A pending job's expected start: "14:20-15:05 (about 14:40, in 24m)" (a prediction and
+    its range), "by 14:05 at the latest (in 29m)" (a bound from time limits), "unknown"."""
+    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now,
+                                 span=job.get("expected_start_range"))
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
@@ -527,6 +528,8 @@ def run(argv: Sequence[str]) -> int:
             print(json.dumps(job, indent=2))
         else:
             print(format_jobs([job], time.time()))
+            if job.get("expected_start_note"):
+                print("expected start " + safe_text(job["expected_start_note"]))
             if job.get("private"):
                 print(f"its command, log and events are private to {safe_text(job.get('user'))}")
                 return 0

@@ -112,7 +112,8 @@ def _ago(t: float | None, now: float) -> str:
 
 def _starts(job: dict[str, Any], now: float) -> str:
     """A pending job's expected start, saying whether it is a prediction or a bound."""
-    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now)
+    return format_expected_start(job.get("expected_start"), job.get("expected_start_kind"), now,
+                                 span=job.get("expected_start_range"))
 
 
 def describe(job: dict[str, Any], now: float | None = None) -> str:
@@ -127,7 +128,8 @@ def describe(job: dict[str, Any], now: float | None = None) -> str:
         pos = f"position {job['position']} in the queue" if job.get("position") else "queued"
         start = f"expected start {_starts(job, now)}"
         reason = f" ({job['reason']})" if job.get("reason") else ""
-        return safe_text(f"{head} PENDING: {pos}, {start}{reason}")
+        note = f"; {job['expected_start_note']}" if job.get("expected_start_note") else ""
+        return safe_text(f"{head} PENDING: {pos}, {start}{reason}{note}")
     gpus = ",".join(str(i) for i in job.get("assigned_gpus") or []) or "none"
     if state == "RUNNING":
         elapsed = format_duration(now - job["started_at"]) if job.get("started_at") else "0s"

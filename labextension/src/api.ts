@@ -131,6 +131,10 @@ export interface IJob {
   expected_start: number | null;
   /** "prediction" (from past runtimes) or "bound" (from time limits); null without an estimate */
   expected_start_kind?: 'bound' | 'prediction' | null;
+  /** [earliest, latest] of the expected start (the spread of past runtimes); null without one */
+  expected_start_range?: [number, number] | null;
+  /** why the expected start moved (e.g. a job ahead running past its predicted end) */
+  expected_start_note?: string | null;
   priority: string;
   group: string | null;
   preemptible: boolean;

@@ -38,13 +38,16 @@ function pad(n: number): string {
 export function formatStart(
   epoch: number | null | undefined,
   now: number,
-  kind?: 'bound' | 'prediction' | null
+  kind?: 'bound' | 'prediction' | null,
+  span?: [number, number] | null
 ): string {
-  if (epoch === null || epoch === undefined) {
+  // an expected start that passed while the job waits is known to be wrong (as model.format_expected_start)
+  if (epoch === null || epoch === undefined || epoch < now - 60) {
     return 'unknown';
   }
   const delta = epoch - now;
-  if (delta <= 1) {
+  const wide = !!span && span[1] - span[0] >= 60 && span[1] - now >= 60;
+  if (delta <= 1 && !wide) {
     return 'now';
   }
   const rel = `in ${formatDuration(delta)}`;
@@ -53,6 +56,16 @@ export function formatStart(
   }
   // as the engine words it: a prediction from past runtimes, or a bound from time limits
   const clock = formatClock(epoch, delta >= 20 * 3600);
+  if (span && wide) {
+    // its range: "14:20-15:05 (about 14:40, in 24m)"
+    const lo = Math.max(span[0], now);
+    const first = lo - now < 60 ? 'now' : formatClock(lo, lo - now >= 20 * 3600);
+    const last = formatClock(span[1], span[1] - now >= 20 * 3600);
+    if (kind === 'prediction') {
+      return delta <= 1 ? `${first}-${last} (likely now)` : `${first}-${last} (about ${clock}, ${rel})`;
+    }
+    return `${first}-${last} (by ${last} at the latest, ${rel})`;
+  }
   return kind === 'prediction' ? `about ${clock} (${rel})` : `by ${clock} at the latest (${rel})`;
 }
 

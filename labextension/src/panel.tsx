@@ -507,9 +507,12 @@ function JobRow(props: {
             {job.position ? `#${job.position} in queue · ` : ''}
             {job.state === 'HELD'
               ? 'starts once released'
-              : `starts ${formatStart(job.expected_start, now, job.expected_start_kind)}`}
+              : `starts ${formatStart(job.expected_start, now, job.expected_start_kind, job.expected_start_range)}`}
           </span>
           {job.reason && <div className="jp-GPUJobs-reason">{job.reason}</div>}
+          {job.expected_start_note && (
+            <div className="jp-GPUJobs-reason">expected start {job.expected_start_note}</div>
+          )}
         </div>
       )}
       {final && (
@@ -697,7 +700,12 @@ function Queue(props: {
             </td>
             <td
               className="jp-GPUJobs-starts"
-              title={`expected start: ${formatStart(job.expected_start, props.now, job.expected_start_kind)}`}
+              title={`expected start: ${formatStart(
+                job.expected_start,
+                props.now,
+                job.expected_start_kind,
+                job.expected_start_range
+              )}${job.expected_start_note ? `; ${job.expected_start_note}` : ''}`}
             >
               {formatStartShort(job.expected_start, props.now, job.expected_start_kind)}
             </td>
