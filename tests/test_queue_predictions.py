@@ -79,8 +79,9 @@ def test_an_overdue_start_moves_and_the_note_names_the_job_running_past_its_pred
 
 @pytest.fixture
 def gpujobs_config(gpujobs_config: dict[str, Any]) -> dict[str, Any]:
-    # the monitor fixture drains GPUs 0 and 1 (other test runs use them): GPU 2 is the one left
-    return {**gpujobs_config, "fake_gpus": "3xA100", "estimate_interval": 0.5}
+    # the monitor fixture drains GPUs 0 and 1 (other test runs use them): GPU 2 is the one left;
+    # a prediction from three runs of 2, 4 and 6 s is confident enough to count (0.375)
+    return {**gpujobs_config, "fake_gpus": "3xA100", "estimate_interval": 0.5, "predict_min_confidence": 0.3}
 
 
 async def submit(api: Any, seconds: float, **spec: Any) -> dict[str, Any]:
@@ -144,5 +145,71 @@ async def test_an_expected_start_is_a_bound_until_history_makes_it_a_prediction(
     status, queue = await api("GET", "queue")
     assert status == 200
     assert [j["expected_start_kind"] for j in queue["jobs"] if j["id"] == behind["id"]] == ["prediction"]
+    for i in (slow["id"], behind["id"]):
+        await api("DELETE", f"jobs/{i}")
+
+
+async def _history(api: Any, monitor: Any, name: str, seconds: list[float]) -> None:
+    """Runs of `name` one after the other, until the monitor has seen every one of them."""
+    from jupyter_gpujobs.engine.monitor.predict import job_key
+
+    job: dict[str, Any] = {}
+    for sec in seconds:
+        job = await submit(api, sec, name=name)
+
+        async def done(job_id: int = job["id"]) -> Any:
+            j = await view(api, job_id)
+            return j if j["state"] == "COMPLETED" else None
+
+        await wait_for(done, timeout=30)
+    key = job_key(job["user"], name, job["command"], job["gpu_type"])
+    await wait_for(lambda: monitor.predictor.predict(key).runs == len(seconds) or None, timeout=10)
+
+
+async def test_a_waiting_jobs_range_holds_its_real_start(api: Any, engine: Any, monitor: Any) -> None:
+    await _history(api, monitor, "spread", [2, 4, 6])
+    blocker = await submit(api, 4, name="spread")
+    waiting = await submit(api, 1, name="after-spread")
+
+    async def ranged() -> Any:
+        job = await view(api, waiting["id"])
+        return job if job["state"] == "PENDING" and job["expected_start_range"] else None
+
+    w = await wait_for(ranged, timeout=20)
+    b = await view(api, blocker["id"])
+    assert b["state"] == "RUNNING" and w["expected_start_kind"] == "prediction"
+    lo, hi = w["expected_start_range"]
+    # from the blocker's start: its runs' 10th and 90th percentile (2.4 and 5.6 s, and each
+    # run's own start-up), not its time limit (10 min)
+    assert b["started_at"] + 2 <= lo < w["expected_start"] < hi < b["started_at"] + 10, (b, w)
+
+    async def started() -> Any:
+        job = await view(api, waiting["id"])
+        return job if job["started_at"] else None
+
+    s = await wait_for(started, timeout=30)
+    assert lo <= s["started_at"] <= hi, (lo, s["started_at"], hi)
+
+
+async def test_an_overdue_start_moves_and_says_which_job_held_it(api: Any, engine: Any, monitor: Any) -> None:
+    await _history(api, monitor, "brief", [0.5, 0.5, 0.5])
+    slow = await submit(api, 60, name="brief")  # predicted to take about a second
+    behind = await submit(api, 1, name="after-brief")
+
+    async def estimated() -> Any:
+        job = await view(api, behind["id"])
+        return job if job["expected_start_kind"] == "prediction" else None
+
+    first = (await wait_for(estimated, timeout=20))["expected_start"]
+    assert first < time.time() + 10
+
+    async def noted() -> Any:
+        job = await view(api, behind["id"])
+        return job if job["expected_start_note"] else None
+
+    n = await wait_for(noted, timeout=30)
+    assert n["state"] == "PENDING" and n["expected_start"] > first, n
+    assert f"job {slow['id']} is running past its predicted end" in n["expected_start_note"], n
+    assert n["expected_start_note"].startswith("passed "), n
     for i in (slow["id"], behind["id"]):
         await api("DELETE", f"jobs/{i}")
