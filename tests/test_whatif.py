@@ -6,6 +6,7 @@ scheduler then gives it once submitted for real - and which nearby choices start
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from typing import Any
@@ -13,7 +14,10 @@ from typing import Any
 import pytest
 from servers import wait_for
 
+from jupyter_gpujobs.engine.scheduler import schedule
 from jupyter_gpujobs.engine.store.accounting import list_audit
+from jupyter_gpujobs.engine.whatif import Shape, Timeline
+from jupyter_gpujobs.model import GPU, Job, JobState, Policy
 
 PY = sys.executable
 SLEEP = [PY, "-c", "import time; time.sleep(120)"]
@@ -171,3 +175,57 @@ def test_magic_test_only(live_server: Any, tmp_path: Any) -> None:
         assert server.client().jobs()["jobs"] == [], "nothing was submitted"
     finally:
         kernel.km.shutdown_kernel(now=True)
+
+
+# ------------------------------------------------------------------ against the planner itself
+
+
+def random_snapshot(seed: int) -> tuple[Any, ...]:
+    """A random cluster (1-3 hosts of 8 GPUs, A100 or T4 by host), running jobs, waiting jobs
+    (some asking for a model), and the plan the scheduler made of them, carried out."""
+    r = random.Random(seed)
+    now = 1_000_000.0
+    hosts = r.randint(1, 3)
+    gpus = [GPU(h * 8 + i, f"u{h}-{i}", "A100" if h % 2 == 0 else "T4", host=f"h{h}", memory_total_mb=40960)
+            for h in range(hosts) for i in range(8)]
+    running, jid = [], 1
+    for h in range(hosts):
+        free = list(range(h * 8, h * 8 + 8))
+        r.shuffle(free)
+        while free and r.random() < 0.8:
+            k = min(len(free), r.choice([1, 1, 2, 4]))
+            limit = r.choice([600, 1800, 3600, 7200])
+            running.append(Job(jid, "u", gpus=k, time_limit_s=limit, state=JobState.RUNNING, host=f"h{h}",
+                               started_at=now - r.uniform(0, limit * 0.9), assigned_gpus=tuple(free.pop() for _ in range(k))))
+            jid += 1
+    pending = {}
+    for n in range(r.randint(0, 40)):
+        pending[jid] = Job(jid, "u", gpus=r.choice([1, 1, 2, 4]), gpu_type=r.choice([None, None, "A100", "T4"]),
+                           time_limit_s=r.choice([600, 1800, 3600]), submitted_at=now - 1000 + n)
+        jid += 1
+    policy = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, weight_fairshare=0.0, preemption=False,
+                    reservation_depth=r.choice([2, 5, 100]))
+    plan = schedule(now, pending, running, gpus, policy)
+    for st in plan.starts:
+        running.append(pending.pop(st.job_id).replace(state=JobState.RUNNING, started_at=now, host=st.host,
+                                                     assigned_gpus=tuple(st.gpus)))
+    waiting = [pending[i] for i in plan.order if i in pending]
+    return r, now, gpus, running, waiting, plan, policy, jid
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_start_is_the_one_the_scheduler_gives(seed: int) -> None:
+    """On random snapshots the what-if's start of a request is the expected start the pure
+    scheduler gives that request once it is in the queue, behind the waiting jobs."""
+    r, now, gpus, running, waiting, plan, policy, jid = random_snapshot(seed)
+    shape = Shape(r.choice([1, 2, 4]), r.choice([None, "A100", "T4"]), r.choice([600, 1800, 3600]))
+    line = Timeline(now, gpus, running, waiting, plan.expected_start, policy)
+    asked = line.start(shape, now, now)
+    request = Job(jid, "u", gpus=shape.gpus, gpu_type=shape.gpu_type, time_limit_s=shape.time_limit_s,
+                  submitted_at=now)
+    then = schedule(now, {**{j.id: j for j in waiting}, jid: request}, running, gpus, policy)
+    given = now if jid in {st.job_id for st in then.starts} else then.expected_start.get(jid)
+    if given is None:  # no GPU here of the model it asks for
+        assert shape.gpu_type not in {g.name for g in gpus} and asked == float("inf"), then.reasons.get(jid)
+    else:
+        assert asked == pytest.approx(given), (shape, asked - now, given - now)

@@ -4,20 +4,23 @@ a share of one GPU, another GPU model, a shorter time limit). Nothing is stored,
 published, no audit row is written: the request is checked exactly as a submission is
 (`Admission.checked`, the same InvalidInput and so the same 400s) and then only answered.
 
-The answer comes from `Timeline`, the GPU time line as the last estimating cycle left it: the
-running jobs' time limits, then every waiting job with an expected start booked on its GPU
-model from that start for its time limit, in queue order (the planner's own deep-queue
-estimate, `placement.AggregateLine`, with the estimates as floors). The request joins it at the
-back of the queue, as a new job of no higher priority does: it starts now where free GPUs of
-one host are left after that booking, or where its time limit ends before the first waiting
-job booked on them (backfill); else when its k GPUs of one model free on the line, never
-earlier than k GPUs of one host free at all (`Cluster.earliest`). A share starts now on a
-card with room beside the shares running there (`scheduler.shares.Card`), else as a new card.
-The line is built again for a new estimate, or a new plan once it is a second old (~20 ms at
-10k waiting jobs), and copied per answer (a few heaps of floats), so an answer costs about a submission
-(benchmarks/bench_whatif.py). What it leaves out, said with every answer (`basis`): a higher
-priority (urgent, fair share) that puts the request ahead of others, the limits on what one
-user may run at once, the waiting share jobs, and the advance reservations' holders' own time.
+The answer comes from `Timeline`, the GPU time line as the planner books it, rebuilt from the
+last plan: the running jobs' time limits, then every waiting job booked from its expected
+start (the one the queue shows) for its time limit, in queue order - the first
+`policy.reservation_depth` in detail (`Cluster.reserve`: per host, with the holes backfill may
+use), the deeper ones on the aggregate line (`placement.AggregateLine`). The request joins it
+at the back of the queue, as a new job of no higher priority does, and gets what the planner
+would give it there: now on k free GPUs of one host whose holes are long enough for its limit
+(it delays no reservation), else its booking on the detailed line, or past the depth on the
+aggregate line, never earlier than k GPUs of one host free. On random snapshots this is the
+planner's own expected start for the request once queued (tests/test_whatif.py). A share
+starts now on a card with room beside the shares running there (`scheduler.shares.Card`),
+else as a new card. The line is built again for a new estimate, or a new plan once it is a
+second old, and an answer only reads it (and copies a few heaps past the depth), so an answer
+costs about a submission (benchmarks/bench_whatif.py). What it leaves out, said with every
+answer (`basis`): a higher priority (urgent, fair share) that puts the request ahead of
+others, the limits on what one user may run at once, the waiting share jobs, and the advance
+reservations' holders' own time.
 
 The right-sizing advice of a request (`WhatIf.advice`, shown with the answer and in a job's
 `GET jobs/<id>` to its owner) comes from `advice.py`, with the start of its suggestion from
@@ -82,8 +85,9 @@ class Shape:
 
 
 class Timeline:
-    """The GPU time line after the waiting jobs (see the module docstring). Pure: built from
-    plain values, changed by nothing after `__init__` (each answer works on copies)."""
+    """The GPU time line after the waiting jobs, as the planner books them (see the module
+    docstring). Pure: built from plain values, changed by nothing after `__init__` (an answer
+    reads the detailed line and works on copies of the aggregate one)."""
 
     def __init__(self, now: float, gpus: Sequence[GPU], running: Sequence[Job], waiting: Sequence[Job],
                  estimates: Mapping[int, float | None], policy: Policy):
@@ -93,10 +97,12 @@ class Timeline:
         self.cluster = cl = Cluster(now, gpus, running, ends)
         self.cards = Shares(cl, gpus, running, ends)
         self.models = sorted(set(cl.pool_name))
-        line = AggregateLine(cl)
-        # per model, the first start booked for a waiting job after now: a job ending before it
-        # delays nobody (backfill)
-        self.first_wait: dict[str, float] = {}
+        # the first `reservation_depth` waiting jobs are booked in detail (`Cluster.reserve`: per
+        # host, holes that backfill may use), the deeper ones on the aggregate line made from
+        # that detailed line, as the planner does
+        depth = INF if policy.reservation_depth is None else max(0, policy.reservation_depth)
+        booked = 0
+        line: AggregateLine | None = None
         for j in waiting:
             start = estimates.get(j.id)
             if start is None or is_share(j) or j.gpus == 0:
@@ -104,11 +110,16 @@ class Timeline:
             view = cl.view(j.gpu_type)
             if j.gpus > view.max_size:
                 continue
-            start = line.take(cl, view, j.gpus, j.time_limit_s or dl, max(start, now))
-            if now < start < INF:
-                for name in {cl.pool_name[p] for p in view.pids}:
-                    self.first_wait[name] = min(self.first_wait.get(name, INF), start)
-        self.heaps = line.heaps
+            limit, floor = j.time_limit_s or dl, max(start, now)
+            if booked < depth:
+                cl.reserve(view, j.gpus, limit, floor)
+                booked += 1
+                continue
+            if line is None:
+                line = AggregateLine(cl)
+            line.take(cl, view, j.gpus, limit, floor)
+        self.deep = booked >= depth  # a new job would be past the reservation depth
+        self.heaps = (line or AggregateLine(cl)).heaps
 
     def start(self, shape: Shape, now: float, floor: float) -> float:
         """When a job of this shape, asked for at `now` (at or after the line's own time) and
@@ -125,27 +136,31 @@ class Timeline:
         return max(floor, self._later(view, shape.gpus, shape.time_limit_s, floor))
 
     def _now(self, view: View, k: int, limit: float, now: float) -> bool:
-        """k free GPUs of one host that no waiting job needs within `limit`, or that the line
-        leaves free after every waiting job."""
+        """k free GPUs of one host whose holes (the first booking on each) are long enough for
+        `limit`: the request delays no reservation (`Cluster.start_now`, without taking them)."""
         cl = self.cluster
+        need = now + limit
         for p in view.free_pids:
-            if len(cl.free[p]) < k:
-                continue
-            name = cl.pool_name[p]
-            if self.first_wait.get(name, INF) >= now + limit or sum(t <= now for t in self.heaps[name]) >= k:
+            hole = cl.hole[p]
+            if sum(hole.get(i, INF) >= need for i in cl.free[p]) >= k:
                 return True
         return False
 
     def _later(self, view: View, k: int, limit: float, floor: float) -> float:
+        """Its start on the detailed line (`Cluster.reserve` would book it there), or past the
+        reservation depth on (a copy of) the aggregate line, never earlier than k GPUs of one
+        host free on the detailed line."""
         cl = self.cluster
+        earliest = cl.earliest(view, k)
+        if not self.deep:
+            return earliest
         line = AggregateLine.__new__(AggregateLine)
         line.heaps = {name: list(h) for name, h in self.heaps.items()
                       if any(cl.pool_name[p] == name for p in view.pids)}
         for h in line.heaps.values():
             heapify(h)
         line.by_view = {}
-        start = line.take(cl, view, k, limit, floor)
-        return max(start, cl.earliest(view, k))
+        return max(line.take(cl, view, k, limit, floor), earliest)
 
     def _share_start(self, view: View, shape: Shape, now: float, floor: float) -> float:
         """A share: on a card with room beside its running shares, else as a new card."""
