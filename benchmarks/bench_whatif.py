@@ -5,9 +5,11 @@
 A live server with fake GPUs 8xA100,8xT4: every GPU held by a running job, then `--queue`
 pending 1-GPU jobs (one burst from 16 connections, as bench_api's "busy" scenario), so the
 what-if's line books every one of them. Then, in turns within each round (these machines are
-noisy: a ratio compares the same seconds), `--requests` plain submits and `--requests`
-what-ifs of the same request (1xA100, 1h: it waits, and has nearby choices), one after the
-other on one keep-alive connection: the latency a user sees, server and HTTP included. Prints
+noisy: a ratio compares the same seconds; which goes first alternates, and each starts 2 s
+after the other ended, once the cycles a round of submits sets off are done), `--requests`
+plain submits and `--requests` what-ifs of the same request (1xA100, 1h: it waits, and has
+nearby choices), one after the other on one keep-alive connection: the latency a user sees,
+server and HTTP included. Prints
 each round's medians and their ratio (target: what-if <= 2x submit), the median of the
 ratios, and the what-if's p90 (the answers that rebuilt the line after a new plan).
 """
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_api import rate, start_server  # noqa: E402
 from servers import LiveServer, stop_job_processes  # noqa: E402
 
+SETTLE_S = 2.0  # > the estimate's "within a second of new jobs"
 REQUEST = {"command": ["true"], "gpus": 1, "gpu_type": "A100", "time_limit": "1h", "name": "bench"}
 
 
@@ -80,8 +83,14 @@ def main() -> None:
                   f"{len(answer['alternatives'])} nearby choice(s) sooner")
             ratios, whatif_all = [], []
             for r in range(args.rounds):
-                sub = asyncio.run(latencies(server, "jobs", REQUEST, args.requests))
-                dry = asyncio.run(latencies(server, "jobs?dry_run=1", REQUEST, args.requests))
+                phases = {}
+                # in turns, each first every other round, each after the server settled (the
+                # cycles and the estimate that a round of submits sets off would else fall on
+                # whatever comes next)
+                for path in (("jobs", "jobs?dry_run=1") if r % 2 == 0 else ("jobs?dry_run=1", "jobs")):
+                    time.sleep(SETTLE_S)
+                    phases[path] = asyncio.run(latencies(server, path, REQUEST, args.requests))
+                sub, dry = phases["jobs"], phases["jobs?dry_run=1"]
                 whatif_all += dry
                 ms, md = statistics.median(sub) * 1000, statistics.median(dry) * 1000
                 ratios.append(md / ms)
