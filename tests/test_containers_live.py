@@ -107,6 +107,7 @@ def test_time_limit_stops_the_whole_container_and_its_output_streams(live_server
     server = _server(live_server)
     u1 = GPUJobsClient(url=server.url, token="tok-u1")
     marker = f"{300 + os.getpid() % 600}"  # a sleep of its own, to find what is left of it
+    before = set(_as_u1("podman", "ps", "--all", "--format", "{{.Names}}").stdout.split())
     job = u1.submit(["/bin/sh", "-c", f"echo started; sleep {marker}"], gpus=1, cwd=str(open_dir),
                     time_limit="6s", image=IMAGE)
     running = wait_job(u1, job["id"], ("RUNNING",) + ENDED, timeout=60)
@@ -117,6 +118,8 @@ def test_time_limit_stops_the_whole_container_and_its_output_streams(live_server
     assert done["state"] == "TIMEOUT", done["reason"]
     assert not _left_of(f"gpujobs-{job['id']}-"), "podman or conmon of the job left running"
     assert not _left_of(f"sleep {marker}"), "the container's process left running"
+    listed = set(_as_u1("podman", "ps", "--all", "--format", "{{.Names}}").stdout.split())
+    assert listed <= before, listed - before  # nor its record (podman keeps one of a killed container)
 
 
 def test_missing_or_unlisted_image_is_refused_at_submit_naming_it(live_server: Any, open_dir: Path) -> None:
@@ -187,6 +190,7 @@ def test_gpu_kernel_runs_in_an_image(tmp_path: Path) -> None:
         r = team.cli(U1, "kernelspec", "install", "--name", "py-image", "--image", IMAGE, "--gpus", "1",
                      "--time", "5m", "--user")
         assert r.returncode == 0, r.stderr
+        before = set(_as_u1("podman", "ps", "--all", "--format", "{{.Names}}").stdout.split())
         server = team.servers[U1]
         try:
             kc = server.start_kernel("py-image")
@@ -206,3 +210,5 @@ def test_gpu_kernel_runs_in_an_image(tmp_path: Path) -> None:
         done = team.wait_state(job_id, ENDED, timeout=60)
         assert done["state"] == "COMPLETED", done["reason"]
         assert not _left_of(f"gpujobs-{job_id}-"), "podman or conmon of the kernel left running"
+        listed = set(_as_u1("podman", "ps", "--all", "--format", "{{.Names}}").stdout.split())
+        assert listed <= before, listed - before  # nor its record

@@ -197,6 +197,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     _slurm: SlurmKernel | None = None  # the engine hands jobs to Slurm: the kernel is a Slurm job
     _image: str | None = None  # the image its job runs in (None: the host)
     _go_file: str | None = None  # a kernel in an image: where its launcher waits for its container
+    _container: dict[str, Any] | None = None  # ... and the container it runs in (the engine's answer)
 
     # ================================================================= settings
 
@@ -466,9 +467,32 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         go, self._go_file = self._go_file, None
         if go is None:
             return
+        self._container = answer.get("container")
         with open(go + ".tmp", "w") as f:
             json.dump(answer, f)
         os.rename(go + ".tmp", go)
+
+    async def _remove_container(self) -> None:
+        """A kernel in an image, once stopped: what its runtime keeps of its container (podman
+        keeps a killed one's record and writable layer), removed as this server's user."""
+        container, self._container = self._container, None
+        if not container:
+            return
+        from ..engine.containers import cleanup
+
+        argv = cleanup(container)
+        if not argv:
+            return
+        import pwd
+
+        env = {**os.environ, "HOME": pwd.getpwuid(os.getuid()).pw_dir}  # where the launcher's podman looked
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.DEVNULL, env=env, cwd="/")
+            await asyncio.wait_for(proc.wait(), 30)
+        except (OSError, asyncio.TimeoutError) as err:
+            self.log.warning("gpujobs: could not remove kernel %s's container: %s", self.kernel_id, err)
 
     # ================================================================= watching
 
@@ -689,6 +713,7 @@ class GPUKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def cleanup(self, restart: bool = False) -> None:
         """Release the GPUs, unless this is the first half of a restart (which keeps them)."""
         await self._stop_watcher()
+        await self._remove_container()
         if not restart:
             await self._end(*(self._pending_end or ("COMPLETED", "kernel shut down")))
             self._forget_job()

@@ -154,6 +154,16 @@ def _home(unix_user: str | None) -> str:
         return ""
 
 
+def cleanup(spec: dict[str, Any]) -> list[str] | None:
+    """The command that removes what the runtime keeps of the container of `spec` once its
+    processes are gone (podman keeps the record and the writable layer of a container that was
+    killed, e.g. at its time limit), run as the owner; None when there is nothing to remove."""
+    run = ContainerRun.from_spec(spec)
+    module = importlib.import_module(run.module)
+    remove = getattr(module, "cleanup", None)
+    return remove(run) if remove is not None else None
+
+
 def runtime_names() -> list[str]:
     """The container runtimes this installation has (entry points)."""
     from importlib.metadata import entry_points

@@ -93,3 +93,9 @@ def wrap(run: ContainerRun, command: list[str], env: dict[str, str]) -> tuple[li
     argv.append(run.image)
     argv.extend(command)
     return argv, {**inside, "PATH": env.get("PATH") or "/usr/local/bin:/usr/bin:/bin"}
+
+
+def cleanup(run: ContainerRun) -> list[str]:
+    """Remove the container's record and writable layer (`--rm` does it only when its podman
+    lives to see it end; a job stopped at its limit has it killed with the rest)."""
+    return ["podman", "--log-level=error", "rm", "--force", "--ignore", run.name]
