@@ -119,3 +119,35 @@ def test_apptainer_job_live() -> None:
 def _as_owner() -> list[str]:
     """Run as the test user when root (the engine never runs a job's runtime as root)."""
     return ["runuser", "-u", "gpujobs-u1", "--"] if os.geteuid() == 0 else []
+
+
+def test_slurm_maps_an_image_to_its_container_option(tmp_path) -> None:
+    from jupyter_gpujobs.engine.runners.slurm import Slurm, SlurmRunner
+    from jupyter_gpujobs.model import Job
+
+    job = Job(id=5, user="ann", gpus=1, image="localhost/pytorch:2.3")
+    plain = SlurmRunner(tmp_path)
+    assert not plain.runs_containers  # refused at submit (no container option configured)
+    assert not any("container" in a for a in plain.sbatch_args(job))
+    pyxis = SlurmRunner(tmp_path, Slurm(container_option="--container-image={image}"))
+    assert pyxis.runs_containers
+    assert "--container-image=localhost/pytorch:2.3" in pyxis.sbatch_args(job)
+    assert not any("container" in a for a in pyxis.sbatch_args(Job(id=6, user="ann", gpus=1)))
+
+
+async def test_image_refused_at_submit_naming_it(engine, api) -> None:
+    """In-process: an image the runner cannot run, one off the allow-list and a missing one
+    are 400s naming the image, and nothing is queued."""
+    engine.state.containers = Containers(allowed_images=["localhost/*"])
+    status, body = await api("POST", "jobs", body={"command": "true", "image": "docker.io/x:1"})
+    assert status == 400 and body["field"] == "image" and "docker.io/x:1 is not allowed here" in body["message"]
+    if shutil.which("podman"):
+        status, body = await api("POST", "jobs", body={"command": "true", "image": "localhost/no-such:1"})
+        assert status == 400 and "image localhost/no-such:1 is not on this machine" in body["message"], body
+    engine.state.runner.runs_containers = False
+    status, body = await api("POST", "jobs", body={"command": "true", "image": "localhost/x:1"})
+    assert status == 400 and "image localhost/x:1: this server's local runner runs no container images" in body["message"]
+    status, body = await api("POST", "jobs", body={"command": "true", "image": "two words"})
+    assert status == 400 and body["field"] == "image"
+    status, jobs = await api("GET", "jobs")
+    assert jobs["jobs"] == []

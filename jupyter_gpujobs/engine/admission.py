@@ -81,7 +81,7 @@ class Admission:
         new = self.validated(user, body)
         if new.specs:
             await self.check_cwd(user, body.get("cwd"), new.specs[0]["cwd"])
-        if new.specs and new.specs[0].get("image"):  # there for the user, as the user, off the loop
+        if new.specs and new.specs[0].get("image") and not self.state.mirrored:  # as the user, off the loop
             await self.check_image(user, new.specs[0]["image"])
         if new.specs and new.specs[0]["kind"] == "notebook":  # looked at as the user, off the loop
             await check_notebook_files(new.specs[0]["payload"], run_as(user, self.state.run_as_owner),
@@ -240,7 +240,12 @@ class Admission:
             raise InvalidInput("image", f"image {image}: this server's {runner.name} runner runs no container "
                                         "images (docs/containers.md)")
         try:
-            settings.check(image)
+            if self.state.mirrored:  # Slurm's nodes run it (c.Slurm.container_option): the allow-list only
+                if not settings.allowed(image):
+                    raise ImageProblem(f"image {image} is not allowed here; allowed: "
+                                       f"{', '.join(settings.allowed_images)}")
+            else:
+                settings.check(image)
         except ImageProblem as err:
             raise InvalidInput("image", str(err)) from None
         return image

@@ -70,6 +70,11 @@ class Slurm(Configurable):
     ntasks = Integer(0, config=True, help="--ntasks of every job (0: Slurm's default).")
     command_prefix = List(Unicode(), config=True,
                           help="Run Slurm's commands through this, e.g. ['ssh', 'login1'] (empty: directly).")
+    container_option = Unicode("", config=True,
+                               help="The sbatch option that runs a job in its image (issue 29), {image} standing "
+                                    "for it: '--container-image={image}' (pyxis and enroot on the nodes) or "
+                                    "'--container={image}' (Slurm's own OCI support, an OCI bundle's path). "
+                                    "Empty: a job with an image is refused at submit.")
 
 
 @dataclass
@@ -118,6 +123,11 @@ class SlurmRunner(Runner):
     #: sbatch submits as the engine's own user, so jobs would run as it (root on a shared
     #: engine): jobs of other Unix users are refused (see Admission.validated).
     runs_as_owner = False
+
+    @property  # type: ignore[override]
+    def runs_containers(self) -> bool:
+        """A job's image goes to Slurm's container support where the site names its option."""
+        return bool(self.settings.container_option)
 
     def __init__(self, state_dir: Path, settings: Slurm | None = None):
         self.state_dir = Path(state_dir)
@@ -178,6 +188,8 @@ class SlurmRunner(Runner):
             args.append("--requeue")  # at a node failure; Slurm's MaxBatchRequeue bounds the count
         if job.warn_signal:  # stored in Slurm's own form ("B:USR1@300")
             args.append(f"--signal={job.warn_signal}")
+        if job.image and s.container_option:  # (admission refuses an image without one)
+            args.append(s.container_option.replace("{image}", job.image))
         return [*args, *s.extra_args]
 
     def submit(self, jobs: Sequence[Job], requests: Sequence[LaunchRequest], dependency: str = "",
