@@ -61,25 +61,17 @@ class PredictedLine:
             line.sort()
         self.by_view: dict[int, list[list[float]]] = {}
 
-    def _lines(self, cluster: Cluster, view: View) -> list[list[float]]:
+    def lines_of(self, cluster: Cluster, view: View) -> list[list[float]]:
+        """The lines of the models of a view's GPUs."""
         ls = self.by_view.get(id(view))
         if ls is None:
             names = dict.fromkeys(cluster.pool_name[p] for p in view.pids)
             ls = self.by_view[id(view)] = [self.lines[n] for n in names]
         return ls
 
-    def single(self, cluster: Cluster, view: View) -> list[float] | None:
-        """The line of a view whose GPUs are all one model, else None."""
-        ls = self._lines(cluster, view)
-        return ls[0] if len(ls) == 1 else None
-
     def take(self, cluster: Cluster, view: View, k: int, run: float, floor: float) -> float:
         """The start of a k-GPU job from `floor` on; its GPUs are busy until start + run."""
-        best: list[float] | None = None
-        for line in self._lines(cluster, view):
-            if len(line) >= k and (best is None or line[k - 1] < best[k - 1]):
-                best = line
-        return INF if best is None else take(best, k, run, floor)
+        return take_best(self.lines_of(cluster, view), k, run, floor)
 
     def started_now(self, model: str, n: int, now: float, end: float) -> None:
         """A job started now on n GPUs of `model` that were free."""
@@ -89,6 +81,18 @@ class PredictedLine:
         del line[i - n:i]
         for _ in range(n):
             insort(line, end)
+
+
+def take_best(lines: list[list[float]], k: int, run: float, floor: float) -> float:
+    """`take` on the line (of one model each) whose k-th GPU frees first (INF: none has k)."""
+    if len(lines) == 1:
+        line = lines[0]
+        return take(line, k, run, floor) if len(line) >= k else INF
+    best: list[float] | None = None
+    for line in lines:
+        if len(line) >= k and (best is None or line[k - 1] < best[k - 1]):
+            best = line
+    return INF if best is None else take(best, k, run, floor)
 
 
 def take(line: list[float], k: int, run: float, floor: float) -> float:
@@ -105,6 +109,10 @@ def take(line: list[float], k: int, run: float, floor: float) -> float:
             insort(line, t + run)
     insort(line, t + run)
     return t
+
+
+#: a view on the lines of predicted ends (`Predicting._pred_view`)
+PredView = tuple[list[list[float]], list[float], list[list[float]], list[list[float]]]
 
 
 class Predicting:
@@ -145,7 +153,7 @@ class Predicting:
         # predicted start is no earlier than the first pool with k of them (packing)
         self.pred_pools = [sorted(busy.get((cl.pool_host[p], i), now) for _, i in av)
                            for p, av in enumerate(cl.avail)]
-        self.pred_views: dict[int, tuple[list[float] | None, list[float]]] = {}  # `_pred_view`
+        self.pred_views: dict[int, PredView] = {}  # `_pred_view`
 
     def _predicted(self, j: Job, limit: float) -> float:
         p = j.predicted_runtime_s
@@ -180,42 +188,56 @@ class Predicting:
         if j.predicted_runtime_s is not None:
             self.any_pred = True
 
-    def _pred_view(self, view: View) -> tuple[list[float] | None, list[float]]:
-        """For the line of predicted ends: the line of a view whose GPUs are all one model (else
-        None), and by GPU count k when the first of its pools has k GPUs that the running jobs
-        leave free on that line (a k-GPU job starts no earlier: packing)."""
+    def _pred_view(self, view: View) -> PredView:
+        """For the lines of predicted ends (point, early, late): a view's lines, one per GPU
+        model, and by GPU count k when the first of its pools has k GPUs that the running jobs
+        leave free on the point line (a k-GPU job starts no earlier: packing)."""
         assert self.pred is not None
-        pools = self.pred_pools
+        pools, cl = self.pred_pools, self.cluster
         packed = [self.now] + [min((pools[p][k - 1] for p in view.pids if len(pools[p]) >= k), default=INF)
                                for k in range(1, view.max_size + 1)]
-        pv = self.pred_views[id(view)] = (self.pred.single(self.cluster, view), packed)
+        pv = self.pred_views[id(view)] = (self.pred.lines_of(cl, view), packed, self.pred_early.lines_of(cl, view),
+                                          self.pred_late.lines_of(cl, view))
         return pv
 
     def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
         """With `use_predictions`: the start on the line of predicted ends (running jobs end at
         their predicted runtime, waiting ones take theirs), never later than `planned` (the
         start its reservation or the time-limit estimate gives). When earlier, the job is in
-        `plan.predicted` (its estimate is a prediction, else a bound). Estimates only: no
-        reservation depends on a prediction."""
+        `plan.predicted` (its estimate is a prediction, else a bound). Its range goes to
+        `plan.expected_range`. Estimates only: no reservation depends on a prediction."""
         k = j.gpus
-        early, _, late = _runs(j, limit)
-        lo = self.pred_early.take(self.cluster, view, k, early, floor if floor > self.now else self.now)
-        hi = self.pred_late.take(self.cluster, view, k, late, floor if floor > self.now else self.now)
-        single, packed = self.pred_views.get(id(view)) or self._pred_view(view)
+        now = self.now
+        lines, packed, early_lines, late_lines = self.pred_views.get(id(view)) or self._pred_view(view)
+        p = j.predicted_runtime_s
+        run = limit if p is None or p > limit else (p if p > 1.0 else 1.0)
+        r = j.predicted_runtime_range
+        if r is None:
+            early, late = run, limit
+        else:
+            early, late = r
+            early = limit if early > limit else early if early > 1.0 else 1.0
+            late = limit if late > limit else late if late > 1.0 else 1.0
+        f0 = floor if floor > now else now
+        if k == 1 and len(early_lines) == 1 and early_lines[0]:  # `take`, inlined for one GPU of one model
+            early_line, late_line = early_lines[0], late_lines[0]
+            lo = early_line[0] if early_line[0] > f0 else f0
+            del early_line[0]
+            insort(early_line, lo + early)
+            hi = late_line[0] if late_line[0] > f0 else f0
+            del late_line[0]
+            insort(late_line, hi + late)
+        else:
+            lo = take_best(early_lines, k, early, f0)
+            hi = take_best(late_lines, k, late, f0)
         if packed[k] > floor:
             floor = packed[k]
-        if floor < self.now:
-            floor = self.now
+        if floor < now:
+            floor = now
         backfill = self.policy.backfill
         if not backfill and floor < self.pred_last:
             floor = self.pred_last
-        p = j.predicted_runtime_s
-        run = limit if p is None or p > limit else (p if p > 1.0 else 1.0)
-        if single is not None:
-            t = take(single, k, run, floor)
-        else:
-            assert self.pred is not None
-            t = self.pred.take(self.cluster, view, k, run, floor)
+        t = take_best(lines, k, run, floor)
         if not backfill:
             self.pred_last = t
         if t < planned and self.any_pred:
