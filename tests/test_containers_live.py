@@ -151,6 +151,34 @@ def test_site_default_image_and_the_host_on_request(live_server: Any, open_dir: 
         assert u1.log(job["id"])["data"].strip() == where
 
 
+def test_notebook_job_runs_in_an_image(live_server: Any) -> None:
+    """A notebook job in an image: its runner (the test venv's Python, mounted) and the
+    notebook's kernel run in the image as the owner, and its output notebook is written."""
+    import nbformat
+
+    server = live_server(fake_gpus="2xA100", config={"job_python": f"{VENV}/bin/python"}, users=TOKENS,
+                         extra_args=["--GPUJobs.allowed_images=localhost/*",
+                                     f"--GPUJobs.container_options=--mount=type=bind,source={VENV},"
+                                     f"destination={VENV},ro"])
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    entry = pwd.getpwnam(U1)
+    folder = Path(entry.pw_dir) / f"nb-image-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir()
+    try:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+            "import os; print('in', 'host' if os.path.exists('/etc/debian_version') else 'image', os.getuid(), "
+            "os.environ['CUDA_VISIBLE_DEVICES'])")])
+        nbformat.write(nb, str(folder / "in.ipynb"))
+        for path in (folder, folder / "in.ipynb"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        job = u1.submit_notebook(str(folder / "in.ipynb"), gpus=1, cwd=str(folder), image=IMAGE)
+        done = wait_job(u1, job["id"], ENDED, timeout=120)
+        assert done["state"] == "COMPLETED", (done["reason"], u1.log(job["id"])["data"][-2000:])
+        assert f"in image {entry.pw_uid} 0" in (folder / f"in-job{job['id']}.ipynb").read_text()
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
 def test_cell_job_runs_in_an_image(tmp_path: Path) -> None:
     """`%%gpujob --image` from a user's kernel (a shared engine, the user's own Jupyter server):
     the cell runs in the image with the kernel's Python (the test venv, mounted read-only: the
