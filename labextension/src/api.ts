@@ -336,6 +336,8 @@ export interface ISubmitNotebook {
   requeue?: boolean;
   /** nodes of a multi-node job, `gpus` on each (the Slurm runner only; otherwise a 400 naming nodes) */
   nodes?: number;
+  /** the container image it runs in (docs/containers.md); absent: the site's default (or the host) */
+  image?: string;
   payload: { notebook: string; parameters: { [key: string]: any } };
 }
 

@@ -1,6 +1,6 @@
 /**
  * "Run on GPU queue…": a dialog for GPUs, GPU type, time limit, priority, a signal before the
- * end and requeue at the limit (docs/long-jobs.md), and parameters,
+ * end and requeue at the limit (docs/long-jobs.md), a container image (docs/containers.md), and parameters,
  * then `POST jobs` with a notebook job. A 4xx answer reopens the dialog with the message
  * next to the field it names, keeping what was typed. "When would it start?" asks the same
  * request as a what-if (`POST jobs?dry_run=1`, docs/what-if.md) and shows the answer in the
@@ -24,6 +24,8 @@ export interface ISubmitValues {
   requeue: boolean;
   /** nodes of a multi-node job (Slurm runner only); empty or 1: one node */
   nodes?: string;
+  /** container image to run in (docs/containers.md); empty: the site's default, or the host */
+  image?: string;
 }
 
 const PRIORITIES = ['low', 'normal', 'high', 'urgent'];
@@ -95,6 +97,11 @@ class SubmitForm extends Widget {
     this._name = input('text', values.name);
     this._signal = input('text', values.signal);
     this._signal.placeholder = 'e.g. USR1@5m (empty: none)';
+    this._image = input('text', values.image ?? '');
+    this._image.placeholder = "e.g. localhost/pytorch:2.3 (empty: the site's default, or the host)";
+    this._image.title =
+      'Run the notebook in this container image, as you, on its GPUs alone; it must be there already ' +
+      '(podman pull or build it first); the kernel needs ipykernel in it';
     this._requeue = input('checkbox', '');
     this._requeue.checked = values.requeue;
     this._requeue.title =
@@ -115,6 +122,7 @@ class SubmitForm extends Widget {
         { field: 'priority', label: 'Priority', control: this._priority },
         { field: 'name', label: 'Job name', control: this._name },
         { field: 'signal', label: 'Signal before the end', control: this._signal },
+        { field: 'image', label: 'Container image', control: this._image },
         {
           field: 'requeue',
           label: 'Requeue at the time limit',
@@ -157,7 +165,8 @@ class SubmitForm extends Widget {
       parameters: this._params.value,
       signal: this._signal.value,
       requeue: this._requeue.checked,
-      nodes: this._nodes.value
+      nodes: this._nodes.value,
+      image: this._image.value
     };
   }
 
@@ -168,6 +177,7 @@ class SubmitForm extends Widget {
   private _priority: HTMLSelectElement;
   private _name: HTMLInputElement;
   private _signal: HTMLInputElement;
+  private _image: HTMLInputElement;
   private _requeue: HTMLInputElement;
   private _params: HTMLTextAreaElement;
 }
@@ -237,6 +247,9 @@ export function buildRequest(path: string, v: ISubmitValues): ISubmitNotebook {
   }
   if (v.requeue) {
     request.requeue = true;
+  }
+  if ((v.image ?? '').trim()) {
+    request.image = (v.image ?? '').trim();
   }
   const nodes = Number((v.nodes ?? '').trim() || '1');
   if (!Number.isInteger(nodes) || nodes < 1) {

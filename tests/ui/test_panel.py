@@ -371,6 +371,17 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
     dialog = page.locator(".jp-Dialog")
     assert dialog.locator('input[name="time_limit"]').input_value() == "soon"  # what was typed is kept
     assert page.locator(".jp-Dialog .jp-GPUJobs-formError").count() == 1
+    # an image that is not there (docs/containers.md): refused naming it, on the image row
+    dialog.locator('input[name="time_limit"]').fill("2m")
+    dialog.locator('input[name="image"]').fill("localhost/no-such-image:1")
+    dialog.locator("button", has_text="Submit").click()
+    bad = page.locator('.jp-Dialog .jp-GPUJobs-formRow.jp-GPUJobs-mod-invalid[data-field="image"]')
+    bad.wait_for(timeout=20000)
+    assert "localhost/no-such-image:1" in bad.locator(".jp-GPUJobs-formError").inner_text(), bad.inner_text()
+    assert posted[-1]["image"] == "localhost/no-such-image:1"
+    wait_for(lambda: page.locator(".jp-Dialog").count() == 1, 10, "the second dialog to close")
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator('input[name="image"]').fill("")
     dialog.locator('select[name="gpu_type"]').select_option("A100")
     dialog.locator('input[name="time_limit"]').fill("2m")
     dialog.locator('select[name="priority"]').select_option("high")
@@ -378,8 +389,9 @@ def test_run_notebook_dialog_submits_and_the_output_notebook_opens(page: Any, la
     screenshot(page, "submit-dialog", dialog.locator(".jp-Dialog-content"))
     dialog.locator("button", has_text="Submit").click()
 
-    wait_for(lambda: len(posted) == 2, 10, "the second POST jobs request")
-    body = posted[1]
+    wait_for(lambda: len(posted) == 3, 10, "the third POST jobs request")
+    body = posted[2]
+    assert "image" not in body  # empty: the site's default (none here), the host
     assert body["kind"] == "notebook"
     assert body["gpus"] == 1 and body["gpu_type"] == "A100" and body["time_limit"] == "2m"
     assert body["priority"] == "high" and body["name"] == "square"
