@@ -122,6 +122,39 @@ def test_time_limit_stops_the_whole_container_and_its_output_streams(live_server
     assert listed <= before, listed - before  # nor its record (podman keeps one of a killed container)
 
 
+@pytest.mark.parametrize("where", ["tmp", "home"])
+def test_two_jobs_of_one_user_in_images_at_once_each_on_its_gpu(live_server: Any, open_dir: Path, where: str) -> None:
+    """Two containers of one owner at the same time (one podman storage, two runs): each sees
+    only its own GPU's node, numbered 0, and both complete; in a folder under /tmp (the jobs
+    share the machine's /tmp, so podman's run state) and in the owner's home (each job has a
+    private /tmp, so podman's run state of its own)."""
+    if where == "home":
+        entry = pwd.getpwnam(U1)
+        open_dir = Path(entry.pw_dir) / f"two-{os.getpid()}-{time.monotonic_ns()}"
+        open_dir.mkdir()
+        os.chown(open_dir, entry.pw_uid, entry.pw_gid)
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    go = open_dir / "go"
+    probe = (f"while [ ! -e {go} ]; do sleep 0.05; done; "  # both run at once before either looks
+             "echo $(ls /dev | grep nvidia) gpus=$CUDA_VISIBLE_DEVICES")
+    jobs = [u1.submit(["/bin/sh", "-c", probe], gpus=1, cwd=str(open_dir), time_limit="2m", image=IMAGE)
+            for _ in range(2)]
+    for job in jobs:
+        running = wait_job(u1, job["id"], ("RUNNING",) + ENDED, timeout=60)
+        assert running["state"] == "RUNNING", running["reason"]
+    go.touch()
+    seen = set()
+    for job in jobs:
+        done = wait_job(u1, job["id"], ENDED, timeout=60)
+        assert done["state"] == "COMPLETED", (done["reason"], u1.log(job["id"])["data"])
+        assert u1.log(job["id"])["data"].split() == [f"nvidia{done['assigned_gpus'][0]}", "gpus=0"]
+        seen.add(done["assigned_gpus"][0])
+    assert seen == {0, 1}
+    if where == "home":
+        subprocess.run(["rm", "-rf", str(open_dir)], check=False)
+
+
 def test_missing_or_unlisted_image_is_refused_at_submit_naming_it(live_server: Any, open_dir: Path) -> None:
     server = _server(live_server)
     u1 = GPUJobsClient(url=server.url, token="tok-u1")
