@@ -180,9 +180,13 @@ def test_magic_test_only(live_server: Any, tmp_path: Any) -> None:
 # ------------------------------------------------------------------ against the planner itself
 
 
+USERS = ("ann", "ben", "cat")
+
+
 def random_snapshot(seed: int) -> tuple[Any, ...]:
-    """A random cluster (1-3 hosts of 8 GPUs, A100 or T4 by host), running jobs, waiting jobs
-    (some asking for a model), and the plan the scheduler made of them, carried out."""
+    """A random cluster (1-3 hosts of 8 GPUs, A100 or T4 by host), running and waiting jobs of
+    three users (some asking for a model), limits on what one user runs at once or none, and
+    the plan the scheduler made of them once it carried out its starts."""
     r = random.Random(seed)
     now = 1_000_000.0
     hosts = r.randint(1, 3)
@@ -195,33 +199,38 @@ def random_snapshot(seed: int) -> tuple[Any, ...]:
         while free and r.random() < 0.8:
             k = min(len(free), r.choice([1, 1, 2, 4]))
             limit = r.choice([600, 1800, 3600, 7200])
-            running.append(Job(jid, "u", gpus=k, time_limit_s=limit, state=JobState.RUNNING, host=f"h{h}",
+            running.append(Job(jid, r.choice(USERS), gpus=k, time_limit_s=limit, state=JobState.RUNNING, host=f"h{h}",
                                started_at=now - r.uniform(0, limit * 0.9), assigned_gpus=tuple(free.pop() for _ in range(k))))
             jid += 1
     pending = {}
     for n in range(r.randint(0, 40)):
-        pending[jid] = Job(jid, "u", gpus=r.choice([1, 1, 2, 4]), gpu_type=r.choice([None, None, "A100", "T4"]),
+        pending[jid] = Job(jid, r.choice(USERS), gpus=r.choice([1, 1, 2, 4]), gpu_type=r.choice([None, None, "A100", "T4"]),
                            time_limit_s=r.choice([600, 1800, 3600]), submitted_at=now - 1000 + n)
         jid += 1
     policy = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, weight_fairshare=0.0, preemption=False,
-                    reservation_depth=r.choice([2, 5, 100]))
+                    reservation_depth=r.choice([2, 5, 100]), user_max_gpus=r.choice([None, 4, 8]),
+                    user_max_running_jobs=r.choice([None, 3]))
     plan = schedule(now, pending, running, gpus, policy)
-    for st in plan.starts:
-        running.append(pending.pop(st.job_id).replace(state=JobState.RUNNING, started_at=now, host=st.host,
-                                                     assigned_gpus=tuple(st.gpus)))
-    waiting = [pending[i] for i in plan.order if i in pending]
+    while plan.starts:  # the server carries out the starts, and its next cycle plans again
+        for st in plan.starts:
+            running.append(pending.pop(st.job_id).replace(state=JobState.RUNNING, started_at=now, host=st.host,
+                                                         assigned_gpus=tuple(st.gpus)))
+        plan = schedule(now, pending, running, gpus, policy)
+    waiting = [pending[i] for i in plan.order]
     return r, now, gpus, running, waiting, plan, policy, jid
 
 
 @pytest.mark.parametrize("seed", range(200))
 def test_the_start_is_the_one_the_scheduler_gives(seed: int) -> None:
     """On random snapshots the what-if's start of a request is the expected start the pure
-    scheduler gives that request once it is in the queue, behind the waiting jobs."""
+    scheduler gives that request once it is in the queue, behind the waiting jobs (and within
+    its user's limits)."""
     r, now, gpus, running, waiting, plan, policy, jid = random_snapshot(seed)
     shape = Shape(r.choice([1, 2, 4]), r.choice([None, "A100", "T4"]), r.choice([600, 1800, 3600]))
     line = Timeline(now, gpus, running, waiting, plan.expected_start, policy)
-    asked = line.start(shape, now, now)
-    request = Job(jid, "u", gpus=shape.gpus, gpu_type=shape.gpu_type, time_limit_s=shape.time_limit_s,
+    user = r.choice(USERS)
+    asked = line.start(shape, now, now, user)
+    request = Job(jid, user, gpus=shape.gpus, gpu_type=shape.gpu_type, time_limit_s=shape.time_limit_s,
                   submitted_at=now)
     then = schedule(now, {**{j.id: j for j in waiting}, jid: request}, running, gpus, policy)
     given = now if jid in {st.job_id for st in then.starts} else then.expected_start.get(jid)

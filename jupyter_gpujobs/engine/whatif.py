@@ -12,15 +12,16 @@ use), the deeper ones on the aggregate line (`placement.AggregateLine`). The req
 at the back of the queue, as a new job of no higher priority does, and gets what the planner
 would give it there: now on k free GPUs of one host whose holes are long enough for its limit
 (it delays no reservation), else its booking on the detailed line, or past the depth on the
-aggregate line, never earlier than k GPUs of one host free. On random snapshots this is the
-planner's own expected start for the request once queued (tests/test_whatif.py). A share
+aggregate line, never earlier than k GPUs of one host free; and within the limits on what its
+user and group run at once (`quotas.Limit`, with their jobs' bookings replayed in queue order).
+On random snapshots this is the planner's own expected start for the request once queued
+(tests/test_whatif.py). A share
 starts now on a card with room beside the shares running there (`scheduler.shares.Card`),
 else as a new card. The line is built again for a new estimate, or a new plan once it is a
 second old, and an answer only reads it (and copies a few heaps past the depth), so an answer
 costs about a submission (benchmarks/bench_whatif.py). What it leaves out, said with every
 answer (`basis`): a higher priority (urgent, fair share) that puts the request ahead of
-others, the limits on what one user may run at once, the waiting share jobs, and the advance
-reservations' holders' own time.
+others, the waiting share jobs, and the advance reservations.
 
 The right-sizing advice of a request (`WhatIf.advice`, shown with the answer and in a job's
 `GET jobs/<id>` to its owner) comes from `advice.py`, with the start of its suggestion from
@@ -55,6 +56,7 @@ from .inventory import Inventory
 from .rules import Rules
 from .scheduler.deferral import as_clock, next_offpeak
 from .scheduler.placement import INF, AggregateLine, Cluster, View
+from .scheduler.quotas import Limit, Quotas
 from .scheduler.shares import Shares
 from .state import EngineState
 
@@ -120,10 +122,18 @@ class Timeline:
             line.take(cl, view, j.gpus, limit, floor)
         self.deep = booked >= depth  # a new job would be past the reservation depth
         self.heaps = (line or AggregateLine(cl)).heaps
+        # the limits on what one user or group runs at once: their jobs' bookings, read when a
+        # request of theirs comes (`_limits`)
+        self.quotas = Quotas(policy)
+        self.running = running
+        self.waiting = waiting
+        self.estimates = estimates
+        self.ends = ends
+        self._kept: dict[tuple[str, str | None], list[tuple[Limit, bool]]] = {}
 
-    def start(self, shape: Shape, now: float, floor: float) -> float:
-        """When a job of this shape, asked for at `now` (at or after the line's own time) and
-        waiting from `floor` (>= now) on, would start (INF: never on these GPUs)."""
+    def start(self, shape: Shape, now: float, floor: float, user: str = "", group: str | None = None) -> float:
+        """When a job of this shape of `user` (in `group`), asked for at `now` (at or after the
+        line's own time) and waiting from `floor` (>= now) on, would start (INF: never here)."""
         view = self.cluster.view(shape.gpu_type)
         if shape.gpus == 0:
             return floor
@@ -131,9 +141,51 @@ class Timeline:
             return INF
         if shape.share is not None or shape.gpu_memory is not None:
             return self._share_start(view, shape, now, floor)
-        if floor <= now and self._now(view, shape.gpus, shape.time_limit_s, now):
+        k = shape.gpus
+        # the limits on what the user and their group run at once, as the planner's `_place`
+        # reads them: room now lets it start now; else their time lines give it a floor
+        limits = self._limits(user, group) if user else []
+        blocked = any(lim.now_used + (k if per_gpu else 1) > lim.cap for lim, per_gpu in limits)
+        if floor <= now and not blocked and self._now(view, k, shape.time_limit_s, now):
             return now
-        return max(floor, self._later(view, shape.gpus, shape.time_limit_s, floor))
+        for lim, per_gpu in limits:
+            floor = max(floor, lim.earliest(k if per_gpu else 1, floor))
+        if floor == INF:
+            return INF
+        return max(floor, self._later(view, k, shape.time_limit_s, floor))
+
+    def _limits(self, user: str, group: str | None) -> list[tuple[Limit, bool]]:
+        """Fresh copies of the user's and group's limits (running jobs, GPUs) with what their
+        running jobs use and their waiting jobs' bookings, as the planner keeps them when it
+        reaches a new job at the back of the queue. The originals are made once per line."""
+        key = (user, group)
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = self._kept[key] = []
+            for whose, caps, mine in ((f"user {user}", self.quotas.user_caps(user), lambda j: j.user == user),
+                                      (f"group {group}", self.quotas.group_caps(group),
+                                       lambda j: group is not None and j.group == group)):
+                for cap, per_gpu in zip(caps, (False, True)):
+                    if cap is None:
+                        continue
+                    lim = Limit(cap, f"{whose} limit of {cap}")
+                    for j in filter(mine, self.running):
+                        lim.book(self.now, self.ends[j.id], (len(j.assigned_gpus) or j.gpus) if per_gpu else 1, self.now)
+                    dl = self.quotas.policy.default_time_limit_s
+                    for j in filter(mine, self.waiting):  # in queue order, each as the planner walked it
+                        t = self.estimates.get(j.id)
+                        if t is not None and not is_share(j):
+                            a = j.gpus if per_gpu else 1
+                            lim.earliest(a, self.now)  # (consumes the ends it needed)
+                            lim.book(t, t + (j.time_limit_s or dl), a, self.now)
+                    kept.append((lim, per_gpu))
+        out = []
+        for lim, per_gpu in kept:
+            copy = Limit(lim.cap, lim.reason)
+            copy.now_used, copy.line, copy.line_used = lim.now_used, list(lim.line), lim.line_used
+            heapify(copy.line)
+            out.append((copy, per_gpu))
+        return out
 
     def _now(self, view: View, k: int, limit: float, now: float) -> bool:
         """k free GPUs of one host whose holes (the first booking on each) are long enough for
@@ -228,13 +280,14 @@ class WhatIf:
             line = self.timeline()
             now = max(new.now, line.now)
             floor = max(floor, now)
-            start = line.start(asked, now, floor)
+            who = (user, spec["group"])
+            start = line.start(asked, now, floor, *who)
             out["expected_start"] = _time(start)
             out["alternatives"] = [{**shape.as_dict(), "change": change, "expected_start": _time(t)}
                                    for change, shape in self.nearby(asked, line)
-                                   if (t := line.start(shape, now, floor)) < INF and t + SOONER_S <= start]
-            out["basis"] = ("the queue as the last estimate left it, this request behind every waiting job; not "
-                            "counted: a higher priority, the limits on what one user runs at once, waiting shares")
+                                   if (t := line.start(shape, now, floor, *who)) < INF and t + SOONER_S <= start]
+            out["basis"] = ("the queue as the last plan left it, this request behind every waiting job; not "
+                            "counted: a higher priority, waiting shares, advance reservations")
         out["advice"] = self.advice(user, spec["name"], asked, floor=floor)
         return out
 
@@ -250,7 +303,8 @@ class WhatIf:
             job = s.active_job(dep.job_id)
             if job is None:
                 continue
-            started = job.started_at if job.started_at is not None else s.estimates.get(job.id)
+            started = job.started_at if job.started_at is not None else s.plan.expected_start.get(
+                job.id, s.estimates.get(job.id))
             if started is None:
                 return None
             floor = max(floor, started + (job.time_limit_s or policy.default_time_limit_s))
@@ -272,7 +326,7 @@ class WhatIf:
                       suggest.get("gpus", asked.share), asked.gpu_memory)
         line = self.timeline()
         now = max(s.clock(), line.now)
-        t = line.start(shape, now, max(floor, now))
+        t = line.start(shape, now, max(floor, now), user)
         out["expected_start"] = _time(t)
         if t < INF:
             out["text"] = advice_text(out["runs"], out["used"], suggest,
