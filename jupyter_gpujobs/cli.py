@@ -481,11 +481,16 @@ def run(argv: Sequence[str]) -> int:
             answer = _client(args).what_if(**body)
             print(json.dumps(answer, indent=2) if args.json else format_what_if(answer, time.time()))
             return 0
-        job = _client(args).submit(**body)
+        client = _client(args)
+        job = client.submit(**body)
         if job.get("array_tasks") and not args.json:
             print(f"job array {job['id']}: tasks {', '.join(str(t) for t in job['array_tasks'])}")
         else:
             _print_job(job, args.json)
+        if not args.json:  # a smaller request your earlier runs of this name say would have done
+            advice = client.job(job["id"], advice=True).get("advice")
+            if advice and advice.get("suggest"):
+                print(f"advice: {safe_text(advice['text'])}")
         return 0
     if args.cmd == "run-notebook":
         body = _job_body(args)

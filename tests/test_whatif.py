@@ -155,6 +155,8 @@ def test_cli_test_only(live_server: Any) -> None:
     for job_id in runs:
         assert client.wait(job_id, timeout=30)["state"] == "COMPLETED"
     show = server.cli("show", str(runs[1]))
+    again = server.cli("submit", "-g", "1", "--type", "T4", "-t", "2h", "--name", "quick", "--", "true")
+    assert again.returncode == 0 and again.stdout.splitlines()[1].startswith("advice: 2 earlier runs: "), again.stdout
     advice = next(line for line in show.stdout.splitlines() if line.startswith("advice: "))
     assert advice.startswith("advice: 1 earlier run: ") and "ran <= " in advice and advice.endswith("10m would do"), advice
     client.cancel(holder_id)
