@@ -139,6 +139,13 @@ def check_gpus(ctx: Context) -> list[Check]:
                           "engine's PATH, or set c.GPUJobs.mps = False"))
     elif sharing:
         rows.append(Check("GPU shares", OK, str(sharing)))
+    containers = ctx.info.get("containers")
+    if isinstance(containers, dict) and containers.get("text"):
+        if containers.get("ready") or not containers.get("default_image"):
+            rows.append(Check("containers", OK, str(containers["text"])))
+        else:  # every job runs in the site's default image, and none can here
+            rows.append(Check("containers", FAIL, str(containers["text"]),
+                              "install podman and uidmap, or unset c.GPUJobs.default_image (docs/containers.md)"))
     return rows
 
 

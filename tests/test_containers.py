@@ -151,3 +151,15 @@ async def test_image_refused_at_submit_naming_it(engine, api) -> None:
     assert status == 400 and body["field"] == "image"
     status, jobs = await api("GET", "jobs")
     assert jobs["jobs"] == []
+
+
+async def test_info_and_doctor_say_what_is_in_force(engine, api) -> None:
+    status, info = await api("GET", "info")
+    assert status == 200
+    ready = bool(shutil.which("podman"))
+    assert info["containers"]["ready"] is ready and info["containers"]["default_image"] == ""
+    assert ("podman, rootless as each job's owner" if ready else "podman is not installed") in info["containers"]["text"]
+    settings = Containers(runtime="nope", default_image="localhost/site:1")
+    described = settings.describe(True, "local")
+    assert not described["ready"] and "no container runtime 'nope'" in described["text"]
+    assert Containers().describe(False, "slurm")["text"].startswith("none: the slurm runner runs no container images")

@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,3 +274,18 @@ def test_gpu_kernel_runs_in_an_image(tmp_path: Path) -> None:
         assert not _left_of(f"gpujobs-{job_id}-"), "podman or conmon of the kernel left running"
         listed = set(_as_u1("podman", "ps", "--all", "--format", "{{.Names}}").stdout.split())
         assert listed <= before, listed - before  # nor its record
+
+
+def test_doctor_says_whether_jobs_can_run_in_images(live_server: Any) -> None:
+    from test_cli_first_use import rows
+
+    ok = _server(live_server, default_image=IMAGE)
+    broken = _server(live_server, default_image=IMAGE, container_runtime="nope")
+    found = {}
+    for name, server in (("ok", ok), ("broken", broken)):
+        done = subprocess.run([sys.executable, "-m", "jupyter_gpujobs.cli", "--url", server.url, "--token",
+                               server.token, "doctor"], capture_output=True, text=True, timeout=120)
+        found[name] = rows(done.stdout).get("containers") or [done.stdout + done.stderr]
+    assert found["ok"][0].startswith(f"OK podman, rootless as each job's owner, on its GPUs alone; default image {IMAGE}")
+    assert found["broken"][0].startswith("FAIL none: no container runtime 'nope'"), found
+    assert found["broken"][1].startswith("-> install podman"), found

@@ -80,6 +80,9 @@ class InfoHandler(GPUJobsHandler):
             # on fake GPUs: the name a process puts in GPUJOBS_FAKE_FLEET to be on this engine's
             # GPUs only (engine/gpus/fake.py); a demo's hand-made "rogue" uses it
             "fake_fleet": getattr(self.service.gpus, "fleet", None),
+            # jobs in container images (docs/containers.md): {"ready", "text", "default_image"}
+            "containers": self.service.state.containers.describe(
+                bool(getattr(self.service.runner, "runs_containers", False)), self.service.runner.name),
         })
 
 

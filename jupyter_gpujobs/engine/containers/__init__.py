@@ -245,6 +245,28 @@ class Containers:
                 run.mounts.append((folder, folder, "rw"))
         return run.as_spec()
 
+    def describe(self, runs_containers: bool, runner: str) -> dict[str, Any]:
+        """What is in force for GET info and doctor: {"ready": can jobs run in images here,
+        "text": one line, "default_image"}."""
+        default = self.default_image or "none (the host's environment)"
+        allowed = ", ".join(self.allowed_images) or "any"
+        problem = ""
+        if not runs_containers:
+            problem = f"the {runner} runner runs no container images"
+        elif runner != "slurm":
+            try:
+                problem = load_runtime(self.runtime).problem()
+            except ValueError as err:
+                problem = str(err)
+        if problem:
+            text = f"none: {problem}; jobs with an image are refused (docs/containers.md)"
+        elif runner == "slurm":
+            text = f"by Slurm's container support on the nodes; default image {default}; allowed {allowed}"
+        else:
+            text = f"{self.runtime}, rootless as each job's owner, on its GPUs alone; default image {default}; " \
+                   f"allowed {allowed}"
+        return {"ready": not problem, "text": text, "default_image": self.default_image}
+
     def check(self, image: str) -> Runtime:
         """The runtime of an image a user asked for, after the allow-list; ImageProblem else."""
         if not self.allowed(image):
