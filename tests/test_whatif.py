@@ -17,7 +17,7 @@ from servers import wait_for
 from jupyter_gpujobs.engine.scheduler import schedule
 from jupyter_gpujobs.engine.store.accounting import list_audit
 from jupyter_gpujobs.engine.whatif import Shape, Timeline
-from jupyter_gpujobs.model import GPU, Job, JobState, Policy
+from jupyter_gpujobs.model import GPU, Job, JobState, Policy, Reservation
 
 PY = sys.executable
 SLEEP = [PY, "-c", "import time; time.sleep(120)"]
@@ -187,8 +187,9 @@ USERS = ("ann", "ben", "cat")
 
 def random_snapshot(seed: int) -> tuple[Any, ...]:
     """A random cluster (1-3 hosts of 8 GPUs, A100 or T4 by host), running and waiting jobs of
-    three users (some asking for a model), limits on what one user runs at once or none, and
-    the plan the scheduler made of them once it carried out its starts."""
+    three users (some asking for a model), limits on what one user runs at once or none, an
+    advance reservation of another user or none, and the plan the scheduler made of them once
+    it carried out its starts."""
     r = random.Random(seed)
     now = 1_000_000.0
     hosts = r.randint(1, 3)
@@ -209,17 +210,19 @@ def random_snapshot(seed: int) -> tuple[Any, ...]:
         pending[jid] = Job(jid, r.choice(USERS), gpus=r.choice([1, 1, 2, 4]), gpu_type=r.choice([None, None, "A100", "T4"]),
                            time_limit_s=r.choice([600, 1800, 3600]), submitted_at=now - 1000 + n)
         jid += 1
+    held = r.choice([(), (Reservation(1, r.choice([1, 2, 4]), now + r.choice([-600, 1200, 5400]), 3600,
+                                      users=("dan",)),)])  # dan has no jobs: all the others are kept off
     policy = Policy(fairshare=False, weight_age=0.0, weight_size=0.0, weight_fairshare=0.0, preemption=False,
                     reservation_depth=r.choice([2, 5, 100]), user_max_gpus=r.choice([None, 4, 8]),
                     user_max_running_jobs=r.choice([None, 3]))
-    plan = schedule(now, pending, running, gpus, policy)
+    plan = schedule(now, pending, running, gpus, policy, reservations=held)
     while plan.starts:  # the server carries out the starts, and its next cycle plans again
         for st in plan.starts:
             running.append(pending.pop(st.job_id).replace(state=JobState.RUNNING, started_at=now, host=st.host,
                                                          assigned_gpus=tuple(st.gpus)))
-        plan = schedule(now, pending, running, gpus, policy)
+        plan = schedule(now, pending, running, gpus, policy, reservations=held)
     waiting = [pending[i] for i in plan.order]
-    return r, now, gpus, running, waiting, plan, policy, jid
+    return r, now, gpus, running, waiting, plan, policy, jid, held
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -227,14 +230,14 @@ def test_the_start_is_the_one_the_scheduler_gives(seed: int) -> None:
     """On random snapshots the what-if's start of a request is the expected start the pure
     scheduler gives that request once it is in the queue, behind the waiting jobs (and within
     its user's limits)."""
-    r, now, gpus, running, waiting, plan, policy, jid = random_snapshot(seed)
+    r, now, gpus, running, waiting, plan, policy, jid, held = random_snapshot(seed)
     shape = Shape(r.choice([1, 2, 4]), r.choice([None, "A100", "T4"]), r.choice([600, 1800, 3600]))
-    line = Timeline(now, gpus, running, waiting, plan.expected_start, policy)
+    line = Timeline(now, gpus, running, waiting, plan.expected_start, policy, held)
     user = r.choice(USERS)
     asked = line.start(shape, now, now, user)
     request = Job(jid, user, gpus=shape.gpus, gpu_type=shape.gpu_type, time_limit_s=shape.time_limit_s,
                   submitted_at=now)
-    then = schedule(now, {**{j.id: j for j in waiting}, jid: request}, running, gpus, policy)
+    then = schedule(now, {**{j.id: j for j in waiting}, jid: request}, running, gpus, policy, reservations=held)
     given = now if jid in {st.job_id for st in then.starts} else then.expected_start.get(jid)
     if given is None:  # no GPU here of the model it asks for
         assert shape.gpu_type not in {g.name for g in gpus} and asked == float("inf"), then.reasons.get(jid)

@@ -21,7 +21,8 @@ else as a new card. The line is built again for a new estimate, or a new plan on
 second old, and an answer only reads it (and copies a few heaps past the depth), so an answer
 costs about a submission (benchmarks/bench_whatif.py). What it leaves out, said with every
 answer (`basis`): a higher priority (urgent, fair share) that puts the request ahead of
-others, the waiting share jobs, and the advance reservations.
+others, the waiting share jobs, and, for a holder of an advance reservation, the time inside
+it (the reserved GPUs are kept from everyone else as the planner keeps them).
 
 The right-sizing advice of a request (`WhatIf.advice`, shown with the answer and in a job's
 `GET jobs/<id>` to its owner) comes from `advice.py`, with the start of its suggestion from
@@ -44,6 +45,7 @@ from ..model import (
     GPU,
     Job,
     Policy,
+    Reservation,
     format_duration,
     gpu_matches_type,
     is_share,
@@ -57,6 +59,7 @@ from .rules import Rules
 from .scheduler.deferral import as_clock, next_offpeak
 from .scheduler.placement import INF, AggregateLine, Cluster, View
 from .scheduler.quotas import Limit, Quotas
+from .scheduler.reservations import AHEAD_S, occurrences
 from .scheduler.shares import Shares
 from .state import EngineState
 
@@ -92,11 +95,21 @@ class Timeline:
     reads the detailed line and works on copies of the aggregate one)."""
 
     def __init__(self, now: float, gpus: Sequence[GPU], running: Sequence[Job], waiting: Sequence[Job],
-                 estimates: Mapping[int, float | None], policy: Policy):
+                 estimates: Mapping[int, float | None], policy: Policy, reservations: Sequence[Reservation] = ()):
         self.now = now
         dl = policy.default_time_limit_s
         ends = {j.id: (j.started_at if j.started_at is not None else now) + (j.time_limit_s or dl) for j in running}
         self.cluster = cl = Cluster(now, gpus, running, ends)
+        # the advance reservations' GPUs, kept from everyone but their holders, as the planner
+        # blocks them (`Rules._reserve_ahead`); the line is everyone else's: a holder's request
+        # is answered as anyone's (`holder` says it may start sooner)
+        kept = occurrences(reservations, gpus, now)
+        self.reservations = [o.reservation for o in kept]
+        for o in kept:
+            p = cl.by_host_index.get((o.host, o.gpus[0]))
+            if p is not None:
+                for i in o.gpus:
+                    cl.block(p, i, o.start, o.end, o.start - now <= AHEAD_S)
         self.cards = Shares(cl, gpus, running, ends)
         self.models = sorted(set(cl.pool_name))
         # the first `reservation_depth` waiting jobs are booked in detail (`Cluster.reserve`: per
@@ -255,7 +268,8 @@ class WhatIf:
         waiting = [j for j in map(s.pending.get, s.plan.order) if j is not None]
         planned = s.plan.expected_start
         estimates = {j.id: planned[j.id] if j.id in planned else s.estimates.get(j.id) for j in waiting}
-        line = Timeline(s.clock(), gpus, list(s.running.values()), waiting, estimates, self.rules.current_policy())
+        line = Timeline(s.clock(), gpus, list(s.running.values()), waiting, estimates, self.rules.current_policy(),
+                        self.rules.reservations)
         self._line = ((s.plan, s.estimates), gpus, line)
         return line
 
@@ -287,7 +301,10 @@ class WhatIf:
                                    for change, shape in self.nearby(asked, line)
                                    if (t := line.start(shape, now, floor, *who)) < INF and t + SOONER_S <= start]
             out["basis"] = ("the queue as the last plan left it, this request behind every waiting job; not "
-                            "counted: a higher priority, waiting shares, advance reservations")
+                            "counted: a higher priority, waiting shares")
+            held = [r.label for r in line.reservations if r.holds(user, spec["group"])]
+            if held:
+                out["basis"] += f"; you hold {', '.join(held)}: inside it your job may start sooner"
         out["advice"] = self.advice(user, spec["name"], asked, floor=floor)
         return out
 
