@@ -41,7 +41,7 @@ build_tar() {  # the test image's root as a tarball: $1
     local libs
     libs=$( { ldd "$python"; find "/usr/lib/$(basename "$python")/lib-dynload" -name '*.so' -exec ldd {} \; ;
               [ -d "$VENV" ] && find "$VENV" -name '*.so*' -type f -exec ldd {} \; ; } \
-            2>/dev/null | grep -o '/[^ ]*' | grep -v "^$VENV/" | sort -u)
+            2>/dev/null | grep -o '/[^ ]*' | grep -v "^$VENV/" | sort -u || true)
     for lib in $libs; do
         mkdir -p "$root$(dirname "$lib")"
         cp -L "$lib" "$root$lib"
@@ -62,6 +62,7 @@ for cmd in podman newuidmap runc busybox; do
     command -v "$cmd" >/dev/null 2>&1 || need=1
 done
 if [ -n "$need" ]; then
+    apt-get update -q >/dev/null
     apt-get install -y -q podman uidmap runc slirp4netns fuse-overlayfs busybox-static >/dev/null
 fi
 
