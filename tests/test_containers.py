@@ -71,6 +71,7 @@ def test_podman_command_runs_as_the_owner_with_only_the_jobs_gpus() -> None:
     assert "s3cret" not in " ".join(argv) and "--env=SECRET" in argv  # values by name, never on the command line
     assert "--env=PATH" not in argv  # the image's own search path
     assert podman_env["CUDA_VISIBLE_DEVICES"] == "0" and podman_env["SECRET"] == "s3cret"
+    assert podman_env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no GPU from a runtime hook: the engine gives them
     assert podman_env["PATH"] == "/opt/venv/bin:/usr/bin"  # podman itself is found on the host's
 
 

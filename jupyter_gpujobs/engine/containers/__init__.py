@@ -128,11 +128,13 @@ NOT_INTO_IMAGE = frozenset({"PATH", "SHELL", "LD_LIBRARY_PATH", "PYTHONHOME", "H
 
 def env_inside(env: dict[str, str]) -> dict[str, str]:
     """The job's environment as it runs in its image: without `NOT_INTO_IMAGE`, with its GPUs
-    renumbered (`renumbered`)."""
+    renumbered (`renumbered`), and NVIDIA_VISIBLE_DEVICES=void: the engine gives the container
+    its GPUs itself, so nvidia-container-toolkit's hook (where a host has it) adds none, neither
+    host GPU 0 for a renumbered "0" nor every GPU for the "all" of CUDA images."""
     inside = {k: v for k, v in env.items() if k not in NOT_INTO_IMAGE}
-    for key in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-        if key in env:
-            inside[key] = renumbered(env[key])
+    if "CUDA_VISIBLE_DEVICES" in env:
+        inside["CUDA_VISIBLE_DEVICES"] = renumbered(env["CUDA_VISIBLE_DEVICES"])
+    inside["NVIDIA_VISIBLE_DEVICES"] = "void"
     return inside
 
 
