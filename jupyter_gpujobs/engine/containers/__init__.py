@@ -8,7 +8,8 @@ default image, the allow-list, the runtime to use) and `ContainerRun`, what the 
 writes into a run's spec so that its supervisor wraps the job's command (`wrap`).
 
 The supervisor (runners/shim.py) imports this module and one runtime module on the start of
-a job in an image, so both use the standard library only and look up nothing at import.
+a job in an image (only then: a job without one pays nothing), so both use the standard
+library only and look up nothing at import (entry points are read by the engine alone).
 
 May call: nothing of the engine (the runtime modules it loads by name).
 """
