@@ -1,6 +1,6 @@
 """A what-if answer (`POST jobs?dry_run=1`, `Client.what_if`) and a job's right-sizing advice
 as a person reads them, for the CLI (`submit --test-only`, `show`) and the magic
-(`%%gpujob --test-only`): "1xA100 at 15:40; a 0.5 share now; 1xT4 now". Clock times are the
+(`%%gpujob --test-only`): "1xA100 by 15:40; a 0.5 share now; 1xT4 now". Clock times are the
 reader's local time (the engine answers in epoch seconds). Pure; imports only the model.
 """
 
@@ -14,15 +14,16 @@ from .model import format_duration, safe_text
 
 
 def when(t: float | None, now: float) -> str:
-    """`"now"`, `"at 15:40"`, `"at Sat 09:10"`, or `"unknown"` (no estimate)."""
+    """`"now"`, `"by 15:40"`, `"by Sat 09:10"`, or `"unknown"` (no estimate). "by": a bound
+    from time limits, as the scheduler books (sooner if the jobs ahead end sooner)."""
     if t is None:
         return "unknown"
     if t - now < 1:
         return "now"
     local = time.localtime(t)
     if t - now < 20 * 3600:
-        return time.strftime("at %H:%M", local)
-    return time.strftime("at %a %H:%M" if t - now < 6 * 86400 else "at %b %d %H:%M", local)
+        return time.strftime("by %H:%M", local)
+    return time.strftime("by %a %H:%M" if t - now < 6 * 86400 else "by %b %d %H:%M", local)
 
 
 def shape(choice: Mapping[str, Any], show_limit: bool = False) -> str:
@@ -49,7 +50,8 @@ def summary(answer: Mapping[str, Any], now: float) -> str:
 def format_what_if(answer: Mapping[str, Any], now: float) -> str:
     """The lines `submit --test-only` prints."""
     tasks = answer.get("tasks") or 1
-    lines = [f"would start {when(answer.get('expected_start'), now)}"
+    start = when(answer.get("expected_start"), now)
+    lines = [f"would start {start}" + (" at the latest" if start.startswith("by ") else "")
              + (f" (the first of {tasks} array tasks)" if tasks > 1 else "") + " - nothing was submitted",
              summary(answer, now)]
     advice = answer.get("advice")

@@ -110,7 +110,7 @@ async def test_busy_cluster_start_and_nearby_choices(api: Any, engine: Any) -> N
     assert set(changes) == {("a share of one GPU", 0.5, "A100"), ("a share of one GPU", 0.25, "A100"),
                             ("another GPU model", 1, "T4")}, answer["alternatives"]
     assert all(t < 1 for t in changes.values()), "each starts now"
-    assert "behind every waiting job" in answer["basis"]
+    assert "behind every waiting job" in answer["basis"] and answer["expected_start_kind"] == "bound"
     # submitted for real, the scheduler gives it the start the what-if said
     status, job = await api("POST", "jobs", request)
     assert status == 201
@@ -143,8 +143,8 @@ def test_cli_test_only(live_server: Any) -> None:
     out = server.cli("submit", "--test-only", "-g", "1", "--type", "A100", "-t", "1h", "--", "python", "train.py")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("would start at ") and "nothing was submitted" in lines[0], out.stdout
-    assert lines[1].startswith("1xA100 at ") and lines[1].endswith("; 1xT4 now"), out.stdout
+    assert lines[0].startswith("would start by ") and lines[0].endswith(" at the latest - nothing was submitted"), out.stdout
+    assert lines[1].startswith("1xA100 by ") and lines[1].endswith("; 1xT4 now"), out.stdout
     as_json = server.cli("submit", "--test-only", "--json", "-g", "1", "--", "true")
     assert json.loads(as_json.stdout)["dry_run"] is True
     bad = server.cli("submit", "--test-only", "-g", "1", "--type", "H100", "--", "true")

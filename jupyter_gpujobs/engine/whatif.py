@@ -297,6 +297,8 @@ class WhatIf:
             who = (user, spec["group"])
             start = line.start(asked, now, floor, *who)
             out["expected_start"] = _time(start)
+            # a bound from time limits, as the planner books: sooner if the jobs ahead end sooner
+            out["expected_start_kind"] = "bound" if now < start < INF else None
             out["alternatives"] = [{**shape.as_dict(), "change": change, "expected_start": _time(t)}
                                    for change, shape in self.nearby(asked, line)
                                    if (t := line.start(shape, now, floor, *who)) < INF and t + SOONER_S <= start]

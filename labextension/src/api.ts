@@ -182,6 +182,8 @@ export interface IWhatIf {
   tasks: number;
   now: number;
   expected_start: number | null;
+  /** "bound": from time limits, as the scheduler books (sooner if the jobs ahead end sooner) */
+  expected_start_kind?: 'bound' | null;
   alternatives: IWhatIfChoice[];
   advice: IAdvice | null;
   basis?: string;

@@ -182,12 +182,12 @@ class SubmitForm extends Widget {
   private _params: HTMLTextAreaElement;
 }
 
-/** "now", "at 15:40", "unknown". */
+/** "now", "by 15:40" (a bound from time limits: sooner if the jobs ahead end sooner), "unknown". */
 function when(epoch: number | null, now: number): string {
   if (epoch === null) {
     return 'unknown';
   }
-  return epoch - now < 1 ? 'now' : `at ${formatClock(epoch, epoch - now >= 20 * 3600)}`;
+  return epoch - now < 1 ? 'now' : `by ${formatClock(epoch, epoch - now >= 20 * 3600)}`;
 }
 
 /** "1xA100", "a 0.5 share of A100" (with its limit when that is what changed). */
@@ -200,7 +200,7 @@ export function choiceText(c: IWhatIfChoice): string {
   return text;
 }
 
-/** The answer of a what-if as lines: "1xA100 at 15:40; a 0.5 share now; 1xT4 now", advice. */
+/** The answer of a what-if as lines: "1xA100 by 15:40; a 0.5 share now; 1xT4 now", advice. */
 export function whatIfLines(a: IWhatIf, now: number): HTMLElement[] {
   const line = (cls: string, text: string): HTMLElement => {
     const el = document.createElement('div');
@@ -210,7 +210,9 @@ export function whatIfLines(a: IWhatIf, now: number): HTMLElement[] {
   };
   const asked = { ...a.request, expected_start: a.expected_start };
   const choices = [asked, ...a.alternatives].map(c => `${choiceText(c)} ${when(c.expected_start ?? null, now)}`);
-  const out = [line('jp-GPUJobs-whatIfStart', `Would start ${when(a.expected_start, now)} (nothing was submitted)`)];
+  const start = when(a.expected_start, now);
+  const latest = start.startsWith('by ') ? ' at the latest' : '';
+  const out = [line('jp-GPUJobs-whatIfStart', `Would start ${start}${latest} (nothing was submitted)`)];
   out.push(line('jp-GPUJobs-whatIfChoices', choices.join('; ')));
   if (a.advice) {
     out.push(line('jp-GPUJobs-whatIfAdvice', `Advice: ${a.advice.text}`));

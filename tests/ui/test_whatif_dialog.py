@@ -35,9 +35,9 @@ def test_when_would_it_start_in_the_submit_dialog(page: Any, lab: Lab, client: A
     dialog.locator("button", has_text="When would it start?").click()
     start = dialog.locator(".jp-GPUJobs-whatIfStart")
     start.wait_for(timeout=10000)
-    assert start.inner_text().startswith("Would start at ") and "nothing was submitted" in start.inner_text()
+    assert start.inner_text().startswith("Would start by ") and "at the latest (nothing was submitted)" in start.inner_text()
     choices = dialog.locator(".jp-GPUJobs-whatIfChoices").inner_text()
-    assert re.match(r"1xA100 at \d{1,2}:\d{2}( [AP]M)?; ", choices), choices
+    assert re.match(r"1xA100 by \d{1,2}:\d{2}( [AP]M)?; ", choices), choices
     assert "a 0.5 share of A100 now" in choices and "a 0.25 share of A100 now" in choices, choices
     screenshot(page, "submit-dialog-what-if", dialog.locator(".jp-Dialog-content"))
     # a field the engine refuses: its message in the answer, as a submit would say it
