@@ -164,3 +164,27 @@ async def test_info_and_doctor_say_what_is_in_force(engine, api) -> None:
     described = settings.describe(True, "local")
     assert not described["ready"] and "no container runtime 'nope'" in described["text"]
     assert Containers().describe(False, "slurm")["text"].startswith("none: the slurm runner runs no container images")
+
+
+def test_an_image_found_is_not_asked_for_again_a_missing_one_is(tmp_path) -> None:
+    import asyncio
+
+    from jupyter_gpujobs.engine.containers import Runtime
+    from jupyter_gpujobs.engine.containers.present import check_present
+
+    asked = tmp_path / "asked"
+
+    class Counting(Runtime):
+        def __init__(self, code: int):
+            self.code = code
+
+        def exists_command(self, image: str) -> list[str]:
+            return ["/bin/sh", "-c", f"echo . >> {asked}; exit {self.code}"]
+
+    for _ in range(3):
+        asyncio.run(check_present(Counting(0), f"localhost/found-{tmp_path.name}:1", None))
+    assert asked.read_text().count(".") == 1
+    for _ in range(2):
+        with pytest.raises(ImageProblem, match=f"localhost/missing-{tmp_path.name}:1"):
+            asyncio.run(check_present(Counting(1), f"localhost/missing-{tmp_path.name}:1", None))
+    assert asked.read_text().count(".") == 3

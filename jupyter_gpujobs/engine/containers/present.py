@@ -3,7 +3,8 @@
 An image of rootless podman is in its owner's own storage (their home) or in a store the
 site shares (`additionalimagestores`): only a process of the owner sees what they may use, so
 the check runs the runtime's `exists_command` as them (never as root), with a time limit, and a
-missing image is a refusal naming it. Nothing is pulled here or later: a pull never holds a GPU.
+missing image is a refusal naming it; an image found is taken as there for a minute (a burst
+of submissions asks once). Nothing is pulled here or later: a pull never holds a GPU.
 
 May call: `containers` (the interface), `runners.users` (the owner's account).
 """
@@ -13,12 +14,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 from ..runners.users import account
 from . import ImageProblem, Runtime
 
 #: the most seconds a check may take before the submission is refused
 CHECK_TIMEOUT_S = 30.0
+#: how long an image found for a user is taken as there without asking again (a burst of
+#: submissions asks once); a missing one is asked again every time
+FOUND_FOR_S = 60.0
+_found: dict[tuple[str, str], float] = {}  # (Unix user or "", image) -> monotonic time it was found
 
 
 async def check_present(runtime: Runtime, image: str, unix_user: str | None,
@@ -27,6 +33,10 @@ async def check_present(runtime: Runtime, image: str, unix_user: str | None,
     own user, a personal engine)."""
     command = runtime.exists_command(image)
     if command is None:
+        return
+    key = (unix_user or "", image)
+    now = time.monotonic()
+    if now - _found.get(key, -FOUND_FOR_S) < FOUND_FOR_S:
         return
     who: dict[str, object] = {}
     env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -60,3 +70,6 @@ async def check_present(runtime: Runtime, image: str, unix_user: str | None,
     if proc.returncode != 0:
         last = err_text.decode(errors="replace").strip().splitlines()[-1][:300]
         raise ImageProblem(f"could not check image {image}: {last}")
+    if len(_found) > 10000:  # (a bound, whatever the users ask)
+        _found.clear()
+    _found[key] = now
