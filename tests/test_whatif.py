@@ -61,6 +61,21 @@ async def test_dry_run_answers_and_stores_nothing(api: Any, engine: Any) -> None
     assert list_audit(engine.store, 0, time.time() + 60) == [], "no audit row"
 
 
+async def test_dry_run_begin_hold_array_and_dependency(api: Any, engine: Any) -> None:
+    base = {"command": ["true"], "gpus": 1, "time_limit": "10m"}
+    status, later = await dry(api, {**base, "begin": "+2h"})
+    assert status == 200 and abs(later["expected_start"] - (later["now"] + 7200)) < 5, later
+    status, held = await dry(api, {**base, "hold": True})
+    assert held["expected_start"] is None and "held" in held["basis"]
+    status, array = await dry(api, {**base, "array": "0-3"})
+    assert array["tasks"] == 4 and array["expected_start"] - array["now"] < 1
+    first = await running(api, gpu_type="T4", time_limit="30m")
+    status, after = await dry(api, {**base, "depends": [f"afterok:{first['id']}"]})
+    assert abs(after["expected_start"] - (first["started_at"] + 1800)) < 5, "after its dependency's limit"
+    assert [j.id for j in engine.store.list_jobs()[0]] == [first["id"]], "only the real job is stored"
+    await api("DELETE", f"jobs/{first['id']}")
+
+
 @pytest.mark.parametrize("body", [
     {"command": ["true"], "gpus": -1},
     {"command": ["true"], "gpus": 1.5},
