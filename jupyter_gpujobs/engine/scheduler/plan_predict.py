@@ -25,7 +25,7 @@ parts through `self`. It imports only the scheduler's pure modules and the model
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ...model import Job
 from .placement import INF, Cluster, View
@@ -51,14 +51,11 @@ class PredictedLine:
 
     __slots__ = ("lines", "by_view")
 
-    def __init__(self, cluster: Cluster, busy_until: Mapping[tuple[str, int], float]):
-        now = cluster.now
-        self.lines: dict[str, list[float]] = {}
-        for p, name in enumerate(cluster.pool_name):
-            host = cluster.pool_host[p]
-            self.lines.setdefault(name, []).extend(busy_until.get((host, i), now) for _, i in cluster.avail[p])
-        for line in self.lines.values():
+    def __init__(self, lines: dict[str, list[float]]):
+        """From the times each model's GPUs free (sorted here)."""
+        for line in lines.values():
             line.sort()
+        self.lines = lines
         self.by_view: dict[int, list[list[float]]] = {}
 
     def lines_of(self, cluster: Cluster, view: View) -> list[list[float]]:
@@ -146,13 +143,24 @@ class Predicting:
             busy[key] = max(busy.get(key, now), end)
             early[key] = max(early.get(key, now), end)
             late[key] = max(late.get(key, now), end)
-        self.pred = PredictedLine(cl, busy)
-        self.pred_early = PredictedLine(cl, early)
-        self.pred_late = PredictedLine(cl, late)
-        # per pool, when its GPUs free on that line (running jobs only): a k-GPU job's
+        point_lines: dict[str, list[float]] = {}
+        early_lines: dict[str, list[float]] = {}
+        late_lines: dict[str, list[float]] = {}
+        # per pool, when its GPUs free on the point line (running jobs only): a k-GPU job's
         # predicted start is no earlier than the first pool with k of them (packing)
-        self.pred_pools = [sorted(busy.get((cl.pool_host[p], i), now) for _, i in av)
-                           for p, av in enumerate(cl.avail)]
+        self.pred_pools = []
+        for p, av in enumerate(cl.avail):
+            host, model = cl.pool_host[p], cl.pool_name[p]
+            keys = [(host, i) for _, i in av]
+            pool = [busy.get(key, now) for key in keys]
+            point_lines.setdefault(model, []).extend(pool)
+            early_lines.setdefault(model, []).extend([early.get(key, now) for key in keys])
+            late_lines.setdefault(model, []).extend([late.get(key, now) for key in keys])
+            pool.sort()
+            self.pred_pools.append(pool)
+        self.pred = PredictedLine(point_lines)
+        self.pred_early = PredictedLine(early_lines)
+        self.pred_late = PredictedLine(late_lines)
         self.pred_views: dict[int, PredView] = {}  # `_pred_view`
 
     def _predicted(self, j: Job, limit: float) -> float:
@@ -219,7 +227,8 @@ class Predicting:
             early = limit if early > limit else early if early > 1.0 else 1.0
             late = limit if late > limit else late if late > 1.0 else 1.0
         f0 = floor if floor > now else now
-        if k == 1 and len(early_lines) == 1 and early_lines[0]:  # `take`, inlined for one GPU of one model
+        one = k == 1 and len(lines) == 1 and bool(lines[0])
+        if one:  # `take`, inlined for one GPU of one model
             early_line, late_line = early_lines[0], late_lines[0]
             lo = early_line[0] if early_line[0] > f0 else f0
             del early_line[0]
@@ -237,7 +246,13 @@ class Predicting:
         backfill = self.policy.backfill
         if not backfill and floor < self.pred_last:
             floor = self.pred_last
-        t = take_best(lines, k, run, floor)
+        if one:
+            line = lines[0]
+            t = line[0] if line[0] > floor else floor
+            del line[0]
+            insort(line, t + run)
+        else:
+            t = take_best(lines, k, run, floor)
         if not backfill:
             self.pred_last = t
         if t < planned and self.any_pred:
