@@ -257,40 +257,6 @@ class Shim:
             return cgroups.populated(self.cg)
         return bool(self.known and self.tree())
 
-    def remove_container(self, container: dict[str, Any], env: dict[str, str],
-                         user: tuple[str, int, int, str, str, list[int]] | None, tmp_dir: str | None,
-                         tmp_keep: list[str]) -> None:
-        """A job in an image, once nothing of it runs: what its runtime keeps of the container
-        (`containers.cleanup`), removed as its owner with its /tmp, in cgroups of its own next to
-        the job's (nothing the runtime starts for it outlives it: podman's pause process), waited
-        for at most 30 s. (Not in the job's own: the kernel kills a process cloned into a v2
-        cgroup that was once killed with cgroup.kill.) What it says goes to shim.log."""
-        from ..containers import cleanup
-
-        argv = cleanup(container)
-        if not argv:
-            return
-        cg = {key: path + "-cleanup" for key, path in self.cg.items()}
-        try:
-            cgroups.create(cg)
-        except OSError:
-            cgroups.remove(cg)
-            cg = {}
-        deadline = time.monotonic() + 30
-        try:
-            pid = spawn(argv, "/", env, 2, cg, (user[0], user[1], user[2], user[5]) if user else None,
-                        tmp_dir, tmp_keep)
-            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] != pid:
-                time.sleep(0.02)
-        except (SpawnError, ChildProcessError) as err:
-            print(f"gpujobs: could not remove the job's container: {err}", file=sys.stderr)
-        if cg:
-            while cgroups.populated(cg) and time.monotonic() < deadline + 5:
-                cgroups.kill(cg)
-                self.reap()
-                time.sleep(0.02)
-            cgroups.remove(cg)
-
     # ------------------------------------------------------------------ the run
 
     def fail_to_start(self, spec: dict[str, Any], reason: str, log_fd: int | None) -> int:
@@ -529,7 +495,9 @@ class Shim:
 
         if spec.get("container") and (stop is not None or killed or leftovers_stopping):
             # (a container that ended by itself was removed by its runtime: `podman run --rm`)
-            self.remove_container(spec["container"], env, user, tmp_dir, tmp_keep)
+            from ..containers.leftovers import remove_container
+
+            remove_container(spec["container"], env, user, tmp_dir, tmp_keep, self.cg, self.reap)
         status = self.child_status if self.child_status is not None else 0
         exit_code: int | None = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         sig: int | None = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
