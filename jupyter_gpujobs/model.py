@@ -183,7 +183,8 @@ def format_expected_start(t: float | None, kind: str | None, now: float, unknown
     (in 4m)"`, a bound from time limits as `"by 14:05 at the latest (in 29m)"` (local clock;
     the weekday or date when it is not within the next 20 hours), `"now"` when it is due.
     With its range (`span`, the view's `expected_start_range`) a minute or more wide:
-    `"14:20-15:05 (about 14:40, in 24m)"`, `"14:20-15:05 (by 15:05 at the latest, in 24m)"`.
+    `"14:20-15:05 (about 14:40, in 24m)"`; a bound is its range's end: `"by 15:05 at the latest
+    (in 49m; from 14:20)"`.
     An expected start that already passed is `unknown`: it is known to be wrong."""
     if not t or t < now - 60:
         return unknown
@@ -197,7 +198,7 @@ def format_expected_start(t: float | None, kind: str | None, now: float, unknown
         last = _clock(hi, now)
         if kind == "prediction":
             return f"{first}-{last} (about {clock}, {rel})" if t - now >= 1 else f"{first}-{last} (likely now)"
-        return f"{first}-{last} (by {last} at the latest, {rel})"
+        return f"by {clock} at the latest ({rel}; from {first})"
     return f"about {clock} ({rel})" if kind == "prediction" else f"by {clock} at the latest ({rel})"
 
 
@@ -808,7 +809,10 @@ class Policy:
     weight_fairshare: float = 2.0
     weight_class: float = 4.0
     weight_size: float = 0.25
-    age_saturation_s: float = 7 * 86400
+    age_saturation_s: float = 7 * 86400  # the wait that makes the age factor 1 (it grows on past it)
+    age_max: float | None = None  # cap of the age factor (1.0: Slurm's PriorityMaxAge); None: no cap
+    # the oldest job of each class and GPU count that waited its time limit goes first (docs/scheduling.md)
+    oldest_first: bool = True
     fairshare_half_life_s: float = 7 * 86400
     fairshare: bool = True
     user_shares: Mapping[str, float] = field(default_factory=dict)

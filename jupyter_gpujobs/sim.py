@@ -46,9 +46,11 @@ LIMIT_STEPS: tuple[int, ...] = (900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400
 #: the policies the benchmarks compare, as Policy settings only
 POLICIES: dict[str, Policy] = {
     "fifo": Policy(backfill=False, fairshare=False, preemption=False, weight_age=0.0,
-                   weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None),
+                   weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None,
+                   oldest_first=False),
     "fifo+backfill": Policy(backfill=True, fairshare=False, preemption=False, weight_age=0.0,
-                            weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None),
+                            weight_fairshare=0.0, weight_size=0.0, weight_class=0.0, max_time_limit_s=None,
+                            oldest_first=False),
     "default": Policy(max_time_limit_s=None, fairshare_half_life_s=86400.0),
 }
 
@@ -81,6 +83,14 @@ class TraceJob:
     group: str | None = None
     share: float | None = None  # part of one GPU (gpus is then 1)
     gpu_memory: int | None = None  # bytes on one shared GPU
+
+
+def folded(t: TraceJob, gpus_per_host: int) -> tuple[int, float]:
+    """(GPUs, duration) a trace job runs with: one wider than a host is folded onto one host,
+    its duration stretched to keep its GPU-seconds."""
+    if t.gpus > gpus_per_host:
+        return gpus_per_host, t.duration * t.gpus / gpus_per_host
+    return t.gpus, t.duration
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
@@ -198,9 +208,7 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
     duration: dict[int, float] = {}
     jobs: dict[int, Job] = {}
     for t in todo:
-        g, d = t.gpus, t.duration
-        if g > gpus_per_host:
-            d, g = d * g / gpus_per_host, gpus_per_host
+        g, d = folded(t, gpus_per_host)
         duration[t.id] = d
         jobs[t.id] = Job(id=t.id, user=t.user, gpus=g, gpu_type=t.gpu_type, submitted_at=t.submit,
                          time_limit_s=typical_limit(d), preemptible=False, group=t.group, share=t.share,

@@ -210,7 +210,7 @@ def test_every_pending_job_has_a_reason_and_an_estimate() -> None:
 
 def test_estimates_are_never_earlier_than_the_plan_allows() -> None:
     """Replay forward with every job running to its limit: nobody starts after its estimate."""
-    pol = Policy(weight_age=0.0)  # priority must not drift with time in this check
+    pol = Policy(weight_age=0.0, oldest_first=False)  # priority must not drift with time in this check
     inv = gpus(2, 4)
     pending = [job(i, user=f"u{i % 3}", gpus=(1, 2, 4, 1, 3)[i % 5], time_limit_s=(600, 1800, 3600, 300)[i % 4])
                for i in range(1, 30)]

@@ -1,14 +1,19 @@
 """Priority: the order of the pending queue.
 
 Multifactor score = weight_age * age + weight_fairshare * fair-share + weight_class * class
-+ weight_size * size, each factor in [0, 1]: age = waited / age_saturation_s (capped at 1),
-fair-share from `fairshare.py`, class = rank / 3 (low 0 .. urgent 1), size = GPUs / GPUs of
-the largest host. With `policy.strict_classes` (default) the class is also a strict tier: a
-higher class is always ahead. Ties go to the older job, then the lower id (FIFO).
++ weight_size * size: age = waited / age_saturation_s, without a cap unless `policy.age_max`
+(so no job waits for ever behind fair-share), the others in [0, 1]: fair-share from
+`fairshare.py`, class = rank / 3 (low 0 .. urgent 1), size = GPUs / GPUs of the largest host.
+With `policy.strict_classes` (default) the class is also a strict tier: a higher class is
+always ahead. With `policy.oldest_first` the due jobs go first in their tier (`QueueOrder`).
+Ties go to the older job, then the lower id (FIFO).
+
+May call: fairshare.py and the model; pure (no I/O, no clock).
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import compress, islice
@@ -33,7 +38,7 @@ def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
 job_class = attrgetter("priority", "user", "group", "gpus", "gpu_type", "time_limit_s", "array_job_id",
                        "array_max_running", "offpeak", "begin", "depends", "share", "gpu_memory")
 
-Key = tuple[float, float, int]  # (-(score, class tier first), submit time, id): smaller first
+Key = tuple[int, float, float, int]  # (-(class tier), -(score), submit time, id): smaller first
 T = TypeVar("T")
 
 
@@ -41,9 +46,11 @@ class _Calc(NamedTuple):
     """The constants of one priority calculation."""
 
     now: float
-    lo: float  # submit times before it count as the full age_saturation_s
+    lo: float  # submit times before it count as age_max x age_saturation_s (-inf: no cap)
     age_k: float
-    tier: float
+    oldest_first: bool  # Policy.oldest_first
+    default_limit: float  # Policy.default_time_limit_s
+    strict: bool  # the class is a strict tier
     w_cls: float
     w_fs: float
     size_k: float
@@ -58,19 +65,30 @@ class QueueOrder:
     Everything in the score but age is a constant of the job's class (`job_class`), so the
     per-job work is one clamp and one product; `arrange` keeps the order for the jobs still
     pending and puts new ones (and requeued ones) where the same calculation puts them.
-    Immutable: `arrange` returns the order it used without changing this one."""
+    Immutable: `arrange` returns the order it used without changing this one.
 
-    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "_ids", "_top", "_tables")
+    With `Policy.oldest_first`, the oldest job of each class tier and GPU count that has
+    waited at least its time limit is due: it goes first in its tier (the due ones oldest
+    first), so it is placed, and booked on the time line, before anything fair-share or size
+    puts ahead of it; backfill keeps to that booking. One job per GPU count, so a heavy user's
+    wide job is not passed for ever by lighter users' narrow ones, and fair-share still orders
+    everything else."""
+
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "due", "_ids", "_top", "_tables")
 
     def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
                  const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]],
-                 ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None):  # type: ignore[type-arg]
+                 ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None,  # type: ignore[type-arg]
+                 due: dict[tuple[int, int], tuple[float, int]] | None = None):
         self.keys = keys  # sorted
         self.cids = cids  # the class number of each key's job
         self.classes = classes  # job_class -> class number
-        self.const = const  # class number -> everything in -(key) but age
+        self.const = const  # class number -> everything in -(key) but age and the tier
         self.calc = calc
         self.fs = fs  # fair-share factors per user and per group
+        # (tier, GPUs) -> (submit time, id) of the oldest job of the calculation's queue with
+        # them, when it was due (`_due`); its key's score is -inf
+        self.due = {} if due is None else due
         self._ids = ids  # each key's job id, when known
         self._top: int | None = None  # the highest of them, when known
         # `per_class` tables of the calculation's classes (how many, and the tables), shared by
@@ -92,29 +110,53 @@ class QueueOrder:
                                    groups, policy.fairshare_default_share)  # type: ignore[arg-type]
         else:
             w_fs = 0.0
-        # a strict class tier outweighs any score: scores lie within +-(sum of |weights|)
-        tier = 2.0 * (abs(w_age) + abs(w_fs) + abs(w_cls) + abs(w_size)) + 1.0 if policy.strict_classes else 0.0
         sat = policy.age_saturation_s
         age_k = w_age / sat if sat > 0 else 0.0
-        lo = now - sat if sat > 0 else now
-        calc = _Calc(now, lo, age_k, tier, w_cls, w_fs, w_size / max(1, largest_host), largest_host)
+        cap = policy.age_max
+        lo = (now - sat * max(0.0, cap) if cap is not None else -math.inf) if sat > 0 else now
+        calc = _Calc(now, lo, age_k, policy.oldest_first, float(policy.default_time_limit_s), policy.strict_classes,
+                     w_cls, w_fs, w_size / max(1, largest_host), largest_host)
         order = cls([], cids, classes, [], calc, fs)
         order.const = [order._const(c) for c in classes]
         const = order.const
-        # (key, submit time, id, position): ids are unique, so the position is never compared
-        keys = [(age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
+        tiers = order.tiers()
+        # (tier, score key, submit time, id, position): ids are unique, so the position is never compared
+        keys = [(tiers[c], age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
                 for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
+        if policy.oldest_first:
+            kinds = list(classes)
+            oldest: dict[tuple[int, int], tuple[float, int, int]] = {}
+            for t, _, s, i, n in keys:
+                g = (t, kinds[cids[n]][3])
+                o = oldest.get(g)
+                if o is None or (s, i) < o[:2]:
+                    oldest[g] = (s, i, n)
+            for g, (s, i, n) in oldest.items():
+                if order._due(s, kinds[cids[n]]):
+                    keys[n] = (keys[n][0], -math.inf, s, i, n)
+                    order.due[g] = (s, i)
         keys.sort()
-        order.cids = [cids[k[3]] for k in keys]
-        order.keys = [k[:3] for k in keys]
+        order.cids = [cids[k[4]] for k in keys]
+        order.keys = [k[:4] for k in keys]
         return order
 
+    def _due(self, submitted: float, c: tuple[object, ...]) -> bool:
+        """Whether a job of class `c` submitted then has waited at least its time limit."""
+        limit = c[5] or self.calc.default_limit
+        return self.calc.now - submitted >= limit  # type: ignore[operator]
+
+    def tiers(self) -> list[int]:
+        """The tier key of each class number: -(class rank) when classes are strict tiers."""
+        if not self.calc.strict:
+            return [0] * len(self.classes)
+        return [-PRIORITY_RANK.get(c[0], 1) for c in self.classes]  # type: ignore[call-overload]
+
     def _const(self, c: tuple[object, ...]) -> float:
-        """Everything in -(sort key) but age, for a class."""
-        tier, w_cls, w_fs, size_k, largest_host = self.calc[3:]
+        """Everything in -(sort key) but age and the tier, for a class."""
+        w_cls, w_fs, size_k, largest_host = self.calc[-4:]
         priority, user, group, k = c[0], c[1], c[2], c[3]
         r = PRIORITY_RANK.get(priority, 1)  # type: ignore[call-overload]
-        out = tier * r + w_cls / 3.0 * r + size_k * min(max(k, 0), largest_host)  # type: ignore[call-overload]
+        out = w_cls / 3.0 * r + size_k * min(max(k, 0), largest_host)  # type: ignore[call-overload]
         if w_fs:
             fs_user, fs_group = self.fs
             fu = fs_user.get(user, 1.0)  # type: ignore[call-overload]
@@ -134,7 +176,8 @@ class QueueOrder:
             cid = self.classes[c] = len(self.const)
             self.const.append(self._const(c))
         s = j.submitted_at
-        return (age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
+        tier = -PRIORITY_RANK.get(j.priority, 1) if self.calc.strict else 0  # type: ignore[call-overload]
+        return (tier, age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
     def class_keys(self) -> list[tuple[object, ...]]:
         """The `job_class` of each class number."""
@@ -171,10 +214,14 @@ class QueueOrder:
                 ) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
-        for the next cycle. None if one of them has a user or group it cannot place.
+        for the next cycle. None if one of them has a user or group it cannot place, or if
+        which jobs are due (`Policy.oldest_first`) may have changed: a due one left, or one
+        that arrived is due itself.
         `by_id`: the jobs by id, when the caller has them so."""
         if by_id is None:
             by_id = dict(zip(map(_id, jobs), jobs))
+        if self.due and not all(i in by_id for _, i in self.due.values()):
+            return None
         keys, cids, ids = self.keys, self.cids, self.ids()
         top = self._highest()
         ordered = list(map(by_id.get, ids))
@@ -190,9 +237,12 @@ class QueueOrder:
             new = above if len(above) == len(by_id) - len(ids) else sorted(by_id.keys() - set(ids))
             keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
-            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables)
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables, self.due)
+            due = self.calc.oldest_first
             for i in new:
                 j = by_id[i]
+                if due and self._due(j.submitted_at, job_class(j)):
+                    return None
                 placed = order.key(j)
                 if placed is None:
                     return None
@@ -204,18 +254,19 @@ class QueueOrder:
                 ordered.insert(at, j)
             order._top = max(top, new[-1])
         else:
-            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables)
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables, self.due)
             order._top = top
         return ordered, cids, order
 
 
-_key_id = itemgetter(2)
-
+_key_id = itemgetter(3)
 
 def multifactor_score(now: float, job: Job, policy: Policy, fairshare: float, largest_host: int) -> float:
     """The score of one job (for docs and the API); `QueueOrder` sorts by the same sum."""
     age = max(0.0, now - job.submitted_at)
-    age_f = min(1.0, age / policy.age_saturation_s) if policy.age_saturation_s > 0 else 0.0
+    age_f = age / policy.age_saturation_s if policy.age_saturation_s > 0 else 0.0
+    if policy.age_max is not None:
+        age_f = min(policy.age_max, age_f)
     return (policy.weight_age * age_f
             + (policy.weight_fairshare * fairshare if policy.fairshare else 0.0)
             + policy.weight_class * PRIORITY_RANK.get(job.priority, 1) / 3.0
