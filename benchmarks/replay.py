@@ -1,97 +1,259 @@
-"""Replay every trace through the simulator under fifo, fifo+backfill and default.
+"""Replay traces and synthetic mixes through the simulator: the default policy vs fifo and fifo+backfill.
 
-    python benchmarks/replay.py                 # every trace in ../shared/traces, whole traces
-    python benchmarks/replay.py DIR --limit 3000 # another folder, first 3000 jobs of each
+    python benchmarks/replay.py                  # every trace in ../shared/traces + the synthetic mixes
+    python benchmarks/replay.py --quick          # a few minutes on 2 busy cores (see --quick below)
+    python benchmarks/replay.py DIR --limit 6000 --loads 0.9 --seeds 1,2,3
 
-For each trace the cluster (8-GPU hosts) is sized so that the trace's mean GPU demand is 90 %
-of it (real contention); the size is printed. The policies run in parallel processes, one per
-policy, plus `greedy` (sim.GREEDY: submit order, no reservations, a job starts whenever it fits),
-the work-conserving reference for utilization, and `default/limits` (the default policy with
-expected starts from time limits only, `use_predictions=False`: the estimates before runtime
-predictions, same starts). Then one table per trace, the policies side by side, the targets of
-the default policy against fifo, and the cycle benchmark at 10k pending x 512 GPUs with all
-policies.
+Workloads: every trace CSV of the folder (whole, or its first --limit jobs) and the synthetic
+mixes (`synthetic`: many small jobs with a few 8-GPU ones, submitted in bursts by users of very
+different weight; one run per --seeds). For each workload and each load of --loads (default 0.7,
+0.9, 1.1) the cluster of 8-GPU hosts is sized so that the workload's mean GPU demand is that
+share of it (`sim.contention_cluster`), and fifo, fifo+backfill and default (`sim.POLICIES`)
+replay it in parallel processes.
 
-Start accuracy: each job's expected start as the cycle at its submit gave it (a job that starts
-at once counts as predicted), against the start it got: the share within 60 s, and within
-max(60 s, 10 % of its wait); then the same over the jobs that waited, what share of their
-estimates were bounds from time limits, how many of those bounds were kept (start no later than
-60 s past it), and how many predictions were within max(60 s, 10 %).
+Per policy, over the whole workload: mean, p50, p90, p99 and max wait, the worst user's mean
+wait, mean JCT, mean bounded slowdown (`sim._record`: wait + run over max(run, 10 s)), GPU
+utilization (`Result.metrics`), and the start-estimate rows `waited_ok`, `waited_5m25`,
+`waited_in_range` when the simulator's metrics have them; with the default's ratio to
+fifo+backfill and to fifo. Then the same figures over sliding windows of --window jobs in submit
+order, every --step jobs (a window's utilization: GPU-seconds of every job run between the
+submits of its first and last job, over the cluster's GPU-seconds then): each window's
+default/fifo+backfill ratio of mean and p99 wait, and the share of windows where the default's
+is no higher. Then the default's tail: the jobs at or above its p99 wait, by size and user (with
+the user's part of all GPU-time), their waits under fifo+backfill, and what passed them (jobs
+submitted later that started earlier: how many, their sizes and users).
+
+Targets (issue 33), per workload and load: the default's mean and p99 wait <= fifo+backfill's,
+overall and in >= 90 % of windows; mean wait <= 0.2 x fifo, mean JCT <= 0.7 x fifo, utilization
+>= 0.99 x fifo, worst user's mean wait <= 0.5 x fifo. A last table lists every target per
+workload and load, met or not.
+
+--quick: the first 7,000 jobs of each trace, 4,000 jobs per mix, seeds 1 and 2, windows of
+3,000 jobs every 1,000. --references adds `greedy` (sim.GREEDY, the work-conserving reference
+for utilization) and `default/limits` (expected starts from time limits only) to the tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from jupyter_gpujobs.model import Policy  # noqa: E402
-from jupyter_gpujobs.sim import GREEDY, POLICIES, contention_cluster, read_trace, simulate  # noqa: E402
+from jupyter_gpujobs.sim import GREEDY, POLICIES, TraceJob, contention_cluster, folded, read_trace, simulate  # noqa: E402
 
-ROWS = [("mean_wait", "mean wait s"), ("p50_wait", "p50 wait s"), ("p99_wait", "p99 wait s"),
-        ("mean_jct", "mean JCT s"), ("mean_bsld", "mean bounded slowdown"), ("utilization", "GPU utilization"),
-        ("util_vs_greedy", "utilization / greedy's"), ("utilization_ub", "utilization upper bound (makespan LB)"),
-        ("makespan", "makespan s"), ("makespan_lb", "makespan lower bound s"),
-        ("worst_user_wait", "worst user's mean wait s"), ("jain_slowdown", "Jain index (user slowdown)"),
-        ("predicted_1m", "starts predicted within 60 s"),
-        ("predicted_ok", "starts predicted within max(60s,10%)"),
-        ("waited_1m", "  of jobs that waited: within 60 s"), ("waited_ok", "  of jobs that waited: max(60s,10%)"),
-        ("bounds_share", "  their estimates that are bounds"), ("bounds_kept", "  bounds kept (start <= bound + 60 s)"),
-        ("predictions_ok", "  predictions within max(60s,10%)"), ("cycles", "scheduling cycles"),
-        ("skipped", "event times without a cycle"), ("wall_s", "replay wall time s")]
+GPUS_PER_HOST = 8
+NAMES = ("fifo", "fifo+backfill", "default")
+#: --references: the work-conserving reference for utilization (`sim.GREEDY`) and the default
+#: policy with expected starts from time limits only (the estimates before runtime predictions)
+REFERENCES = {"greedy": GREEDY, "default/limits": replace(POLICIES["default"], use_predictions=False)}
+BASE = "fifo+backfill"
+#: rows of the whole-workload table: (key, label); the estimate rows only when the metrics have them
+ROWS = [("mean_wait", "mean wait s"), ("p50_wait", "p50 wait s"), ("p90_wait", "p90 wait s"),
+        ("p99_wait", "p99 wait s"), ("max_wait", "max wait s"), ("worst_user_wait", "worst user's mean wait s"),
+        ("mean_jct", "mean JCT s"), ("mean_bsld", "mean bounded slowdown"), ("utilization", "GPU utilization")]
+ESTIMATE_ROWS = [("waited_ok", "waited: start within max(60s,10%)"), ("waited_5m25", "waited: start within 5m/25%"),
+                 ("waited_in_range", "waited: start within its range")]
 
 
-def _one(args: tuple[str, int | None, str, Policy, int]) -> tuple[str, dict[str, float], dict[str, float]]:
-    path, limit, name, policy, hosts = args
-    trace = read_trace(path, limit)
+# -- workloads ------------------------------------------------------------------------------
+
+def synthetic(seed: int, n: int, wide: float = 0.03) -> list[TraceJob]:
+    """A mix of `n` jobs: many small ones and a few (`wide`) 8-GPU ones, from 30 users whose
+    weights fall as 1/rank (one heavy user, many light ones), each submitting bursts of 1-20
+    jobs alike in size and length (a sweep, an array). Run times log-normal (median 20 min,
+    clipped to [30 s, 3 days]); 8-GPU jobs run longer (median 2 h). Arrivals of bursts: Poisson."""
+    rng = random.Random(seed)
+    users = [f"s{u:02d}" for u in range(1, 31)]
+    weights = [1.0 / r for r in range(1, 31)]
+    out: list[TraceJob] = []
+    t = 0.0
+    while len(out) < n:
+        t += rng.expovariate(1 / 600.0)
+        user = rng.choices(users, weights)[0]
+        x = rng.random()
+        gpus = 8 if x < wide else 4 if x < wide + 0.04 else 2 if x < wide + 0.10 else 1
+        median = 7200.0 if gpus == 8 else 1200.0
+        for _ in range(min(n - len(out), rng.choice((1, 1, 1, 2, 4, 8, 20)))):
+            d = min(3 * 86400.0, max(30.0, rng.lognormvariate(math.log(median), 1.5)))
+            out.append(TraceJob(len(out) + 1, user, round(t + rng.uniform(0, 60)), round(d), gpus))
+    out.sort(key=lambda j: (j.submit, j.id))
+    return [TraceJob(i + 1, j.user, j.submit, j.duration, j.gpus) for i, j in enumerate(out)]
+
+
+@dataclass
+class Workload:
+    name: str
+    jobs: list[TraceJob]
+
+
+def workloads(folder: Path, limit: int | None, seeds: list[int], mix_jobs: int) -> list[Workload]:
+    out = [Workload(p.stem, read_trace(p, limit)) for p in sorted(folder.glob("*.csv"))]
+    for seed in seeds:
+        out.append(Workload(f"mix-small+8 seed {seed}", synthetic(seed, mix_jobs)))
+        out.append(Workload(f"mix-wide seed {seed}", synthetic(seed, mix_jobs, wide=0.10)))
+    return out
+
+
+# -- figures --------------------------------------------------------------------------------
+
+def pct(values: list[float], p: float) -> float:
+    """Percentile with linear interpolation (as `sim`) of sorted `values`."""
+    if not values:
+        return 0.0
+    pos = (len(values) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def summary(jobs: list[TraceJob], wait: dict[int, float]) -> dict[str, float]:
+    """Wait, JCT and slowdown figures of `jobs` (those that started) from their waits."""
+    w: list[float] = []
+    jct: list[float] = []
+    bsld: list[float] = []
+    per_user: dict[str, list[float]] = {}
+    for j in jobs:
+        if j.id not in wait:
+            continue
+        x = wait[j.id]
+        d = folded(j, GPUS_PER_HOST)[1]
+        w.append(x)
+        jct.append(x + d)
+        bsld.append(max(1.0, (x + d) / max(d, 10.0)))
+        per_user.setdefault(j.user, []).append(x)
+    n = max(1, len(w))
+    w.sort()
+    return {"mean_wait": sum(w) / n, "p50_wait": pct(w, 50), "p90_wait": pct(w, 90), "p99_wait": pct(w, 99),
+            "max_wait": w[-1] if w else 0.0, "mean_jct": sum(jct) / n, "mean_bsld": sum(bsld) / n,
+            "worst_user_wait": max((sum(v) / len(v) for v in per_user.values()), default=0.0)}
+
+
+def busy_share(all_jobs: list[TraceJob], wait: dict[int, float], a: float, b: float, gpus: int) -> float:
+    """GPU-seconds run between `a` and `b` over the cluster's GPU-seconds then."""
+    if b <= a:
+        return 0.0
+    busy = 0.0
+    for j in all_jobs:
+        if j.id not in wait:
+            continue
+        g, d = folded(j, GPUS_PER_HOST)
+        s = j.submit + wait[j.id]
+        busy += g * max(0.0, min(b, s + d) - max(a, s))
+    return busy / (gpus * (b - a))
+
+
+def windows(jobs: list[TraceJob], size: int, step: int) -> list[tuple[int, int]]:
+    """(first, end) index ranges of the sliding windows in submit order (one window if too few)."""
+    if len(jobs) <= size:
+        return [(0, len(jobs))]
+    return [(k, k + size) for k in range(0, len(jobs) - size + 1, step)]
+
+
+def _run(args: tuple[str, list[TraceJob], str, Policy, int]) -> tuple[str, str, dict[str, float], dict[int, float], float]:
+    key, jobs, name, policy, hosts = args
     t0 = time.perf_counter()
-    res = simulate(trace, policy, hosts, 8, name)
-    m = res.metrics()
-    m["wall_s"] = time.perf_counter() - t0
-    m["skipped"] = float(res.skipped)
-    return name, m, res.user_waits()
+    res = simulate(jobs, policy, hosts, GPUS_PER_HOST, name)
+    return key, name, res.metrics(), dict(res.job_waits), time.perf_counter() - t0
 
 
-def replay(path: Path, limit: int | None, workers: int | None = None) -> None:
-    trace = read_trace(path, limit)
-    hosts = contention_cluster(trace)
-    print(f"\n## {path.name}: {len(trace)} jobs on {hosts} hosts x 8 = {hosts * 8} GPUs", flush=True)
-    policies = dict(POLICIES)
-    policies["default/limits"] = replace(POLICIES["default"], use_predictions=False)
-    policies["greedy"] = GREEDY
-    t0 = time.perf_counter()
-    jobs = [(str(path), limit, name, pol, hosts) for name, pol in policies.items()]
-    with ProcessPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1)) as pool:
-        out = list(pool.map(_one, jobs))
-    metrics = {name: m for name, m, _ in out}
-    waits = {name: w for name, _, w in out}
-    for m in metrics.values():
-        m["util_vs_greedy"] = m["utilization"] / metrics["greedy"]["utilization"]
-    names = list(policies)
-    print(f"{'metric':<40}" + "".join(f"{n:>15}" for n in names) + f"{'default/fifo':>14}")
-    for key, label in ROWS:
-        vals = [metrics[n][key] for n in names]
-        ratio = metrics["default"][key] / metrics["fifo"][key] if metrics["fifo"][key] else float("nan")
-        print(f"{label:<40}" + "".join(f"{v:>15.3f}" if abs(v) < 100 else f"{v:>15.0f}" for v in vals) + f"{ratio:>14.2f}")
-    worse = max((waits["default"][u] / max(1.0, waits["fifo"][u]) for u in waits["fifo"]), default=0.0)
-    print(f"{'worst user: default wait / fifo wait':<40}{worse:>15.2f}")
-    d, f = metrics["default"], metrics["fifo"]
-    checks = [("mean wait <= 0.3 x fifo", d["mean_wait"] <= 0.3 * f["mean_wait"]),
-              ("mean JCT <= 0.7 x fifo", d["mean_jct"] <= 0.7 * f["mean_jct"]),
-              ("utilization >= 97 % of greedy's", d["util_vs_greedy"] >= 0.97),
-              ("no user's mean wait > 2 x fifo's", worse <= 2.0),
-              (">= 65 % of starts predicted within 60 s", d["predicted_1m"] >= 0.65),
-              (">= 85 % of starts predicted within max(60 s, 10 %)", d["predicted_ok"] >= 0.85)]
-    print("targets (default vs fifo): " + "; ".join(f"{n}: {'met' if ok else 'NOT met'}" for n, ok in checks))
-    print(f"(all policies replayed in {time.perf_counter() - t0:.0f} s wall)")
+def fmt(v: float) -> str:
+    return f"{v:>14.3f}" if abs(v) < 100 else f"{v:>14.0f}"
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if a == b else math.inf)
+
+
+def report(w: Workload, load: float, hosts: int, metrics: dict[str, dict[str, float]],
+           waits: dict[str, dict[int, float]], walls: dict[str, float], win: int, step: int,
+           tail: bool) -> list[tuple[str, bool]]:
+    """Print one workload at one load (the policies of `metrics`: NAMES, then any references);
+    return its targets (name, met)."""
+    gpus = hosts * GPUS_PER_HOST
+    names = list(metrics)
+    print(f"\n## {w.name}, load {load}: {len(w.jobs)} jobs on {hosts} hosts x {GPUS_PER_HOST} = {gpus} GPUs "
+          f"(replay s: " + ", ".join(f"{n} {walls[n]:.0f}" for n in names) + ")", flush=True)
+    whole = {n: summary(w.jobs, waits[n]) | {"utilization": metrics[n]["utilization"]} for n in names}
+    rows = ROWS + [r for r in ESTIMATE_ROWS if r[0] in metrics["default"]]
+    print(f"{'metric':<36}" + "".join(f"{n:>15}" for n in names) + f"{'default/fb':>12}{'default/fifo':>13}")
+    for key, label in rows:
+        vals = [whole[n][key] if key in whole[n] else metrics[n].get(key, math.nan) for n in names]
+        d, fb, ff = vals[2], vals[1], vals[0]
+        print(f"{label:<36}" + "".join(" " + fmt(v) for v in vals) + f"{ratio(d, fb):>12.2f}{ratio(d, ff):>13.2f}")
+    # sliding windows
+    spans = windows(w.jobs, win, step)
+    per: list[tuple[int, dict[str, dict[str, float]]]] = []
+    for a, b in spans:
+        sub = w.jobs[a:b]
+        t0, t1 = sub[0].submit, sub[-1].submit
+        per.append((a, {n: summary(sub, waits[n]) | {"utilization": busy_share(w.jobs, waits[n], t0, t1, gpus)}
+                        for n in (BASE, "default")}))
+    mean_ok = sum(p["default"]["mean_wait"] <= p[BASE]["mean_wait"] for _, p in per)
+    p99_ok = sum(p["default"]["p99_wait"] <= p[BASE]["p99_wait"] for _, p in per)
+    print(f"windows of {min(win, len(w.jobs))} jobs every {step}: default/fb per window (from job #)")
+    print(f"{'  from':<8}{'mean wait':>11}{'p99 wait':>10}{'max wait':>10}{'worst user':>11}{'JCT':>7}"
+          f"{'bsld':>7}{'util':>7}   default mean / p99 wait s")
+    for a, p in per:
+        d, fb = p["default"], p[BASE]
+        print(f"{a + 1:<8}" + "".join(f"{ratio(d[k], fb[k]):>{wd}.2f}" for k, wd in
+                                      (("mean_wait", 11), ("p99_wait", 10), ("max_wait", 10), ("worst_user_wait", 11),
+                                       ("mean_jct", 7), ("mean_bsld", 7), ("utilization", 7)))
+              + f"   {d['mean_wait']:.0f} / {d['p99_wait']:.0f}")
+    print(f"windows where default <= fifo+backfill: mean wait {mean_ok}/{len(per)}, p99 wait {p99_ok}/{len(per)}")
+    if tail:
+        print_tail(w.jobs, waits["default"], waits[BASE])
+    d, fb, ff = whole["default"], whole[BASE], whole["fifo"]
+    return [("mean wait <= fb", d["mean_wait"] <= fb["mean_wait"]),
+            ("p99 wait <= fb", d["p99_wait"] <= fb["p99_wait"]),
+            ("windows mean <= fb >= 90%", mean_ok >= 0.9 * len(per)),
+            ("windows p99 <= fb >= 90%", p99_ok >= 0.9 * len(per)),
+            ("mean wait <= 0.2x fifo", d["mean_wait"] <= 0.2 * ff["mean_wait"]),
+            ("JCT <= 0.7x fifo", d["mean_jct"] <= 0.7 * ff["mean_jct"]),
+            ("util >= 0.99x fifo", d["utilization"] >= 0.99 * ff["utilization"]),
+            ("worst user <= 0.5x fifo", d["worst_user_wait"] <= 0.5 * ff["worst_user_wait"])]
+
+
+def print_tail(jobs: list[TraceJob], wait: dict[int, float], base: dict[int, float]) -> None:
+    """The default's tail: jobs at or above its p99 wait, and what passed them."""
+    cut = pct(sorted(wait.values()), 99)
+    tail = [j for j in jobs if wait.get(j.id, -1.0) >= cut and wait[j.id] > 0]
+    if not tail:
+        print("default's tail: none (its p99 wait is 0)")
+        return
+    used = Counter[str]()
+    for j in jobs:
+        used[j.user] += j.gpus * j.duration
+    total = sum(used.values()) or 1.0
+    start = {j.id: j.submit + wait[j.id] for j in jobs if j.id in wait}
+    passers: Counter[int] = Counter()
+    passer_users: Counter[str] = Counter()
+    counts = []
+    for t in tail:
+        later = [j for j in jobs if j.submit > t.submit and start.get(j.id, math.inf) < start[t.id]]
+        counts.append(len(later))
+        passers.update(min(j.gpus, GPUS_PER_HOST) for j in later)
+        passer_users.update("same user" if j.user == t.user else j.user for j in later)
+    sizes = Counter(min(j.gpus, GPUS_PER_HOST) for j in tail)
+    users = Counter(j.user for j in tail).most_common(4)
+    fb = sorted(base[j.id] for j in tail if j.id in base)
+    print(f"default's tail: {len(tail)} jobs waited >= {cut:.0f} s (p99); GPUs "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(sizes.items())) + "; users "
+          + ", ".join(f"{u} {n} ({used[u] / total:.0%} of GPU-time)" for u, n in users)
+          + f"; their fifo+backfill wait median {pct(fb, 50):.0f} s, max {fb[-1] if fb else 0:.0f} s")
+    print(f"  passed by (submitted later, started earlier): median {pct(sorted(counts), 50):.0f} jobs each; sizes "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(passers.items())) + "; by "
+          + ", ".join(f"{u} {n}" for u, n in passer_users.most_common(4)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,18 +261,52 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("traces", nargs="?", default=str(ROOT.parent / "shared" / "traces"),
                     help="folder of trace CSVs (default ../shared/traces relative to the repository)")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each trace")
-    ap.add_argument("--repeat", type=int, default=15, help="repetitions of the cycle benchmark (as bench_scheduler.py)")
-    ap.add_argument("--workers", type=int, default=None, help="processes (default: one per policy, at most the CPUs)")
+    ap.add_argument("--loads", default="0.7,0.9,1.1", help="mean demand / cluster size, comma-separated")
+    ap.add_argument("--seeds", default="1,2,3", help="seeds of the synthetic mixes ('' for none)")
+    ap.add_argument("--mix-jobs", type=int, default=8000, help="jobs per synthetic mix")
+    ap.add_argument("--window", type=int, default=5000, help="jobs per sliding window")
+    ap.add_argument("--step", type=int, default=1000, help="jobs between window starts")
+    ap.add_argument("--no-tail", action="store_true", help="leave out the analysis of the default's tail")
+    ap.add_argument("--quick", action="store_true", help="a smaller run (see the module docstring)")
+    ap.add_argument("--references", action="store_true",
+                    help="also replay greedy and default/limits (whole-workload table only)")
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: the CPUs)")
     args = ap.parse_args(argv)
-    for path in sorted(Path(args.traces).glob("*.csv")):
-        replay(path, args.limit, args.workers)
-    from bench_scheduler import measure
-
-    r = measure(10000, 64, args.repeat)
-    print(f"\ncycle, 10k pending x 512 GPUs, all policies (target: decide <= 20 ms): steady decide median "
-          f"{r['steady_ms']:.1f} ms, with every estimate {r['steady_all_ms']:.1f} ms; burst decide "
-          f"{r['decide_ms']:.1f} ms, with every estimate {r['all_ms']:.1f} ms (baseline sort "
-          f"{r['baseline_ms']:.1f} ms; steady decide / baseline {r['steady_ms'] / r['baseline_ms']:.1f}x)")
+    if args.quick:
+        args.limit, args.mix_jobs, args.window = args.limit or 7000, 4000, 3000
+        args.seeds = "1,2" if args.seeds == "1,2,3" else args.seeds
+    loads = [float(x) for x in args.loads.split(",") if x]
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    loads_bad = [x for x in loads if x <= 0]
+    if loads_bad:
+        ap.error(f"--loads must be positive, not {loads_bad}")
+    t_start = time.perf_counter()
+    todo = []
+    policies = {n: POLICIES[n] for n in NAMES} | (REFERENCES if args.references else {})
+    plan: list[tuple[Workload, float, int]] = []
+    for w in workloads(Path(args.traces), args.limit, seeds, args.mix_jobs):
+        for load in loads:
+            hosts = contention_cluster(w.jobs, GPUS_PER_HOST, load)
+            plan.append((w, load, hosts))
+            todo += [(f"{w.name}@{load}", w.jobs, n, p, hosts) for n, p in policies.items()]
+    with ProcessPoolExecutor(max_workers=args.workers or os.cpu_count() or 1) as pool:
+        done = list(pool.map(_run, todo))
+    out = {(k, n): (m, wt, s) for k, n, m, wt, s in done}
+    table: list[tuple[str, list[tuple[str, bool]]]] = []
+    for w, load, hosts in plan:
+        k = f"{w.name}@{load}"
+        checks = report(w, load, hosts, {n: out[k, n][0] for n in policies}, {n: out[k, n][1] for n in policies},
+                        {n: out[k, n][2] for n in policies}, args.window, args.step, not args.no_tail)
+        table.append((k, checks))
+    print("\n## targets of the default policy (met: +, missed: -)")
+    names = [c for c, _ in table[0][1]] if table else []
+    for i, c in enumerate(names):
+        print(f"  {i + 1}. {c}")
+    print(f"{'workload@load':<34}" + "".join(f"{i + 1:>3}" for i in range(len(names))))
+    for k, checks in table:
+        print(f"{k:<34}" + "".join(f"{'+' if ok else '-':>3}" for _, ok in checks))
+    met = sum(ok for _, checks in table for _, ok in checks)
+    print(f"{met} of {sum(len(c) for _, c in table)} met; all replayed in {time.perf_counter() - t_start:.0f} s wall")
 
 
 if __name__ == "__main__":
