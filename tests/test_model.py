@@ -59,8 +59,8 @@ def test_expected_starts_say_whether_they_are_a_bound_or_a_prediction(monkeypatc
         # a range a minute or more wide: "starts 22:18-23:03", with the most likely start
         span = (now + 294, now + 294 + 2700)
         assert format_expected_start(now + 900, "prediction", now, span=span) == "22:18-23:03 (about 22:28, in 15m)"
-        assert format_expected_start(now + 3000, "bound", now, span=span) == (
-            "22:18-23:03 (by 23:03 at the latest, in 50m)")
+        assert format_expected_start(now + 2994, "bound", now, span=span) == (
+            "by 23:03 at the latest (in 49m54s; from 22:18)")
         assert format_expected_start(now + 30, "prediction", now, span=(now - 100, now + 600)) == (
             "now-22:23 (about 22:13, in 30s)")
         assert format_expected_start(now + 57, "prediction", now, span=(now + 57, now + 80)) == "about 22:14 (in 57s)"

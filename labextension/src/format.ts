@@ -57,14 +57,15 @@ export function formatStart(
   // as the engine words it: a prediction from past runtimes, or a bound from time limits
   const clock = formatClock(epoch, delta >= 20 * 3600);
   if (span && wide) {
-    // its range: "14:20-15:05 (about 14:40, in 24m)"
+    // its range: "14:20-15:05 (about 14:40, in 24m)"; a bound is the range's end:
+    // "by 15:05 at the latest (in 49m; from 14:20)"
     const lo = Math.max(span[0], now);
     const first = lo - now < 60 ? 'now' : formatClock(lo, lo - now >= 20 * 3600);
     const last = formatClock(span[1], span[1] - now >= 20 * 3600);
     if (kind === 'prediction') {
       return delta <= 1 ? `${first}-${last} (likely now)` : `${first}-${last} (about ${clock}, ${rel})`;
     }
-    return `${first}-${last} (by ${last} at the latest, ${rel})`;
+    return `by ${clock} at the latest (${rel}; from ${first})`;
   }
   return kind === 'prediction' ? `about ${clock} (${rel})` : `by ${clock} at the latest (${rel})`;
 }

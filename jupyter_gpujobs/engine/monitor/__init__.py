@@ -14,7 +14,7 @@ stops rogue processes under `rogue_policy = "kill"`, runs the share watcher (sha
 over its GPU memory share is warned, then stopped through `service.over_share`; it runs even
 with monitoring off, whenever a share job runs), and sets `Job.predicted_runtime_s` on
 active jobs when a prediction is confident (and `Job.predicted_runtime_range`, the spread of
-the runs behind it, whenever there are any: expected-start ranges).
+the runs behind it, whenever they are the owner's own: expected-start ranges).
 
 The Monitor receives the engine it watches (`MonitoredEngine`, engine_view.py: exactly what
 it may call) and imports no part of the service. Its own parts: carry.py (going on past a
@@ -216,7 +216,7 @@ class Monitor:
         cap = float(job.time_limit_s) if job.time_limit_s else float("inf")
         if p.seconds is not None and p.confidence >= self.settings.predict_min_confidence:
             job.predicted_runtime_s = max(1.0, min(p.seconds, cap))
-        if p.low_s is not None and p.high_s is not None:  # the spread, at any confidence (ranges)
+        if p.low_s is not None and p.high_s is not None and p.level != "global":  # the owner's spread (ranges)
             job.predicted_runtime_range = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
         return p
 
