@@ -47,7 +47,7 @@ class PredictedLine:
     (the GPUs that free earlier stay for the jobs behind it, as backfill gives them). Taking
     the k that free first instead (`AggregateLine.take`) held them from every later job: in
     the replay of benchmarks/replay.py the starts predicted for one-GPU jobs behind wide ones
-    came too late (jobs that waited, within max(60 s, 10 %): 0.24 -> 0.29)."""
+    came too late (jobs that waited, within max(60 s, 10 %): 0.24 -> 0.28)."""
 
     __slots__ = ("lines", "by_view")
 
@@ -65,10 +65,6 @@ class PredictedLine:
             names = dict.fromkeys(cluster.pool_name[p] for p in view.pids)
             ls = self.by_view[id(view)] = [self.lines[n] for n in names]
         return ls
-
-    def take(self, cluster: Cluster, view: View, k: int, run: float, floor: float) -> float:
-        """The start of a k-GPU job from `floor` on; its GPUs are busy until start + run."""
-        return take_best(self.lines_of(cluster, view), k, run, floor)
 
     def started_now(self, model: str, n: int, now: float, end: float) -> None:
         """A job started now on n GPUs of `model` that were free."""
@@ -93,7 +89,8 @@ def take_best(lines: list[list[float]], k: int, run: float, floor: float) -> flo
 
 
 def take(line: list[float], k: int, run: float, floor: float) -> float:
-    """`PredictedLine.take` on the sorted line of one model (k <= its length)."""
+    """The start of a k-GPU job from `floor` on the sorted line of one model (k <= its
+    length): when k GPUs are free; the k that free last by then are busy until start + run."""
     t = line[k - 1]
     if t < floor:
         t = floor
