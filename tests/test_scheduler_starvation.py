@@ -62,11 +62,15 @@ def test_a_kept_order_is_recalculated_when_its_due_job_leaves() -> None:
     started), or that meets a new due job, is not reused (the cycle calculates anew)."""
     jobs = [pending(1, "heavy", 8, waited=7200), pending(2, "heavy", 8, waited=7000), pending(3, "light", 1, 60)]
     order = QueueOrder.compute(NOW, jobs, Policy(), HEAVY, 8)
-    assert order.ids()[0] == 1 and order.due == {(-1, 8): (NOW - 7200, 1)}
+    assert order.ids()[0] == 1 and order.due == {(-1, 8)} and order.oldest[(-1, 8)] == (NOW - 7200, 1)
     assert order.arrange(jobs[1:]) is None
     assert order.arrange(jobs + [pending(4, "light", 1, 0)]) is not None
-    requeued = pending(5, "heavy", 2, waited=9000)
-    assert order.arrange(jobs + [requeued]) is None
+    # a 2-GPU job that waited past its limit is the oldest of its kind, and due
+    assert order.arrange(jobs + [pending(5, "heavy", 2, waited=9000)]) is None
+    # older than the due 8-GPU job: it takes its place
+    assert order.arrange(jobs + [pending(6, "heavy", 8, waited=8000, limit=10**6)]) is None
+    # the oldest 1-GPU job left (not due): the next one may be, so the order is calculated anew
+    assert order.arrange(jobs[:2]) is None
     plan = schedule(NOW, jobs[1:], [], gpus(), Policy(), HEAVY, order=order)
     assert plan.order[0] == 2  # calculated anew: job 2 is now the oldest 8-GPU job, and due
 

@@ -74,21 +74,21 @@ class QueueOrder:
     wide job is not passed for ever by lighter users' narrow ones, and fair-share still orders
     everything else."""
 
-    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "due", "_ids", "_top", "_tables")
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "oldest", "due", "_ids", "_top", "_tables")
 
     def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
                  const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]],
                  ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None,  # type: ignore[type-arg]
-                 due: dict[tuple[int, int], tuple[float, int]] | None = None):
+                 oldest: tuple[dict[tuple[int, int], tuple[float, int]], set[tuple[int, int]]] | None = None):
         self.keys = keys  # sorted
         self.cids = cids  # the class number of each key's job
         self.classes = classes  # job_class -> class number
         self.const = const  # class number -> everything in -(key) but age and the tier
         self.calc = calc
         self.fs = fs  # fair-share factors per user and per group
-        # (tier, GPUs) -> (submit time, id) of the oldest job of the calculation's queue with
-        # them, when it was due (`_due`); its key's score is -inf
-        self.due = {} if due is None else due
+        # (tier, GPUs) -> (submit time, id) of the oldest job of the queue with them, and the
+        # (tier, GPUs) whose oldest job is due (`_due`; its key's score is -inf)
+        self.oldest, self.due = ({}, set()) if oldest is None else oldest
         self._ids = ids  # each key's job id, when known
         self._top: int | None = None  # the highest of them, when known
         # `per_class` tables of the calculation's classes (how many, and the tables), shared by
@@ -132,9 +132,10 @@ class QueueOrder:
                 if o is None or (s, i) < o[:2]:
                     oldest[g] = (s, i, n)
             for g, (s, i, n) in oldest.items():
+                order.oldest[g] = (s, i)
                 if order._due(s, kinds[cids[n]]):
                     keys[n] = (keys[n][0], -math.inf, s, i, n)
-                    order.due[g] = (s, i)
+                    order.due.add(g)
         keys.sort()
         order.cids = [cids[k[4]] for k in keys]
         order.keys = [k[:4] for k in keys]
@@ -215,12 +216,13 @@ class QueueOrder:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
         for the next cycle. None if one of them has a user or group it cannot place, or if
-        which jobs are due (`Policy.oldest_first`) may have changed: a due one left, or one
-        that arrived is due itself.
+        which jobs are due (`Policy.oldest_first`) may have changed: the oldest job of a tier
+        and GPU count left, or one that arrived is older than it and is due or takes the place
+        of a due one.
         `by_id`: the jobs by id, when the caller has them so."""
         if by_id is None:
             by_id = dict(zip(map(_id, jobs), jobs))
-        if self.due and not all(i in by_id for _, i in self.due.values()):
+        if self.oldest and not all(i in by_id for _, i in self.oldest.values()):
             return None
         keys, cids, ids = self.keys, self.cids, self.ids()
         top = self._highest()
@@ -237,12 +239,18 @@ class QueueOrder:
             new = above if len(above) == len(by_id) - len(ids) else sorted(by_id.keys() - set(ids))
             keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
-            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables, self.due)
-            due = self.calc.oldest_first
+            first = dict(self.oldest) if self.calc.oldest_first else None
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables,
+                               None if first is None else (first, self.due))
             for i in new:
                 j = by_id[i]
-                if due and self._due(j.submitted_at, job_class(j)):
-                    return None
+                if first is not None:
+                    g = (-PRIORITY_RANK.get(j.priority, 1) if self.calc.strict else 0, j.gpus)  # type: ignore[call-overload]
+                    o = first.get(g)
+                    if o is None or (j.submitted_at, i) < o:  # the oldest of its kind now
+                        if g in self.due or self._due(j.submitted_at, job_class(j)):
+                            return None
+                        first[g] = (j.submitted_at, i)
                 placed = order.key(j)
                 if placed is None:
                     return None
@@ -254,7 +262,8 @@ class QueueOrder:
                 ordered.insert(at, j)
             order._top = max(top, new[-1])
         else:
-            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables, self.due)
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables,
+                               (self.oldest, self.due))
             order._top = top
         return ordered, cids, order
 
