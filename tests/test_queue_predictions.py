@@ -61,6 +61,20 @@ def test_a_wide_job_ahead_keeps_only_the_gpus_it_starts_on_from_the_jobs_behind(
     assert plan.expected_start == {5: NOW + 30, 6: NOW + 10}
 
 
+def test_a_short_job_behind_a_wide_one_is_predicted_in_the_hole_it_leaves() -> None:
+    # one host: a GPU free in 10 s, the other in 100 s; the 2-GPU job first in line starts in
+    # 100 s, and its GPU free in 10 s idles until then: a 30-s job behind it fits there (as
+    # backfill starts it), a 200-s one does not and starts after the wide job
+    gpus = [GPU(i, f"g{i}", "A100") for i in (0, 1)]
+    running = [_running(1, "localhost", 0, NOW, 10), _running(2, "localhost", 1, NOW, 100)]
+    wide = Job(id=5, user="v", gpus=2, submitted_at=NOW - 30, time_limit_s=3600, predicted_runtime_s=600)
+    short = Job(id=6, user="w", gpus=1, submitted_at=NOW - 20, time_limit_s=3600, predicted_runtime_s=30)
+    long = Job(id=7, user="x", gpus=1, submitted_at=NOW - 10, time_limit_s=3600, predicted_runtime_s=200)
+    plan = schedule(NOW, [wide, short, long], running, gpus, Policy(fairshare=False, weight_size=0.0))
+    assert plan.order == [5, 6, 7]
+    assert plan.expected_start == {5: NOW + 100, 6: NOW + 10, 7: NOW + 700}
+
+
 def test_an_overdue_start_moves_and_the_note_names_the_job_running_past_its_prediction() -> None:
     over = _running(7, "localhost", 0, NOW - 300, 60)
     assert overdue_jobs([over, _running(8, "localhost", 1, NOW - 10, 60)], NOW) == [7]

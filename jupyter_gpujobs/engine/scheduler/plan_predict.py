@@ -5,7 +5,9 @@ is kept beside the time limits' one: running jobs end at their predicted runtime
 monitor's `Job.predicted_runtime_s`), waiting ones take theirs. A job's expected start is the
 earlier of the two, and it is named in `plan.predicted` when the prediction made it earlier.
 No reservation and no start depends on it. The lines are `PredictedLine`s: sorted lists of
-when each GPU frees, per model.
+when each GPU frees, per model. With backfill, the GPUs a wide job holds idle until it starts
+on the point line are holes that the one-GPU jobs behind it use when they end by then, as
+backfill lets them (`_take_wide`, `_in_hole`).
 
 Ranges (`plan.expected_range`): two more lines, on which every job runs to the 10th (early
 line) and to the 90th percentile (late line) of the runtimes its prediction rests on
@@ -76,6 +78,25 @@ class PredictedLine:
             insort(line, end)
 
 
+def _in_hole(holes: list[tuple[float, float]], run: float, floor: float, before: float) -> float | None:
+    """The start of a one-GPU job of `run` seconds in the earliest hole (`Predicting._take_wide`)
+    it fits in from `floor` on, if earlier than `before` (else None); the hole keeps what is
+    left of it after the job."""
+    best = -1
+    for n, (h0, h1) in enumerate(holes):
+        st = h0 if h0 > floor else floor
+        if st < before and st + run <= h1:
+            before, best = st, n
+    if best < 0:
+        return None
+    end, h1 = before + run, holes[best][1]
+    if h1 - end >= 60.0:
+        holes[best] = (end, h1)
+    else:
+        del holes[best]
+    return before
+
+
 def take_best(lines: list[list[float]], k: int, run: float, floor: float) -> float:
     """`take` on the line (of one model each) whose k-th GPU frees first (INF: none has k)."""
     if len(lines) == 1:
@@ -104,6 +125,9 @@ def take(line: list[float], k: int, run: float, floor: float) -> float:
     insort(line, t + run)
     return t
 
+
+#: the most holes kept on one line (`Predicting._take_wide`): each one-GPU job looks at them all
+MAX_HOLES = 16
 
 #: a view on the lines of predicted ends (`Predicting._pred_view`)
 PredView = tuple[list[list[float]], list[float], list[list[float]], list[list[float]]]
@@ -159,6 +183,8 @@ class Predicting:
         self.pred_early = PredictedLine(early_lines)
         self.pred_late = PredictedLine(late_lines)
         self.pred_views: dict[int, PredView] = {}  # `_pred_view`
+        # by point line (its id): GPUs held idle for a wide job until it starts (`_take_wide`)
+        self.pred_holes: dict[int, list[tuple[float, float]]] = {}
 
     def _predicted(self, j: Job, limit: float) -> float:
         p = j.predicted_runtime_s
@@ -205,6 +231,21 @@ class Predicting:
                                           self.pred_late.lines_of(cl, view))
         return pv
 
+    def _take_wide(self, line: list[float], k: int, run: float, floor: float) -> float:
+        """`take` of a k-GPU job (k > 1) on the point line of one model, with backfill: the
+        GPUs it takes that free a minute or more before its start are holes until then, for
+        the one-GPU jobs behind it that end by its start (`_in_hole`)."""
+        t = line[k - 1] if line[k - 1] > floor else floor
+        i = bisect_right(line, t)
+        holes = self.pred_holes.setdefault(id(line), [])
+        for free in line[i - k:i]:
+            if free < t - 60.0 and len(holes) < MAX_HOLES:
+                holes.append((free, t))
+        del line[i - k:i]
+        for _ in range(k):
+            insort(line, t + run)
+        return t
+
     def _predicted_start(self, j: Job, view: View, floor: float, limit: float, planned: float) -> float:
         """With `use_predictions`: the start on the line of predicted ends (running jobs end at
         their predicted runtime, waiting ones take theirs), never later than `planned` (the
@@ -246,8 +287,15 @@ class Predicting:
         if one:
             line = lines[0]
             t = line[0] if line[0] > floor else floor
-            del line[0]
-            insort(line, t + run)
+            holes = self.pred_holes.get(id(line)) if backfill else None
+            in_hole = _in_hole(holes, run, floor, t) if holes else None
+            if in_hole is None:
+                del line[0]
+                insort(line, t + run)
+            else:
+                t = in_hole
+        elif backfill and len(lines) == 1 and len(lines[0]) >= k:
+            t = self._take_wide(lines[0], k, run, floor)
         else:
             t = take_best(lines, k, run, floor)
         if not backfill:
