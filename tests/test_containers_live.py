@@ -81,10 +81,11 @@ def _left_of(marker: str) -> list[str]:
 def test_one_gpu_job_in_an_image_sees_only_its_gpu_as_its_owner(live_server: Any, open_dir: Path) -> None:
     server = _server(live_server)
     u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    marker = f"gpujobs-probe-{os.getpid()}-{time.monotonic_ns()}"
     probe = ("id -u; id -g; echo devices=$(ls /dev | grep nvidia | tr '\\n' ' '); echo gpus=$CUDA_VISIBLE_DEVICES; "
              "(exec 3</dev/$(ls /dev | grep nvidia | head -1)) 2>&1 | sed 's/^/open: /'; "
              "grep devices /proc/self/cgroup; echo pwd=$(pwd); echo home=$HOME; test -e /etc/debian_version "
-             "&& echo host-root || echo image-root")
+             f"&& echo host-root || echo image-root; echo x > /tmp/{marker}; echo x > /dev/shm/{marker}")
     job = u1.submit(["/bin/sh", "-c", probe], gpus=1, cwd=str(open_dir), time_limit="1m", image=IMAGE)
     assert job["image"] == IMAGE
     done = wait_job(u1, job["id"], ENDED, timeout=60)
@@ -101,6 +102,8 @@ def test_one_gpu_job_in_an_image_sees_only_its_gpu_as_its_owner(live_server: Any
     assert f"job-{job['id']}-" in lines[5], log  # the container runs in the job's own (device) cgroup
     assert lines[6] == f"pwd={open_dir}" and lines[7] == f"home={owner.pw_dir}", log
     assert lines[8] == "image-root", log  # the image's files, not the host's
+    # the container's own /tmp and /dev/shm, not the machine's
+    assert not Path("/tmp", marker).exists() and not Path("/dev/shm", marker).exists()
     assert not _left_of(f"gpujobs-{job['id']}-"), "podman or conmon of the job left running"
 
 
@@ -126,9 +129,10 @@ def test_time_limit_stops_the_whole_container_and_its_output_streams(live_server
 @pytest.mark.parametrize("where", ["tmp", "home"])
 def test_two_jobs_of_one_user_in_images_at_once_each_on_its_gpu(live_server: Any, open_dir: Path, where: str) -> None:
     """Two containers of one owner at the same time (one podman storage, two runs): each sees
-    only its own GPU's node, numbered 0, and both complete; in a folder under /tmp (the jobs
-    share the machine's /tmp, so podman's run state) and in the owner's home (each job has a
-    private /tmp, so podman's run state of its own)."""
+    only its own GPU's node, numbered 0, and both complete; in a folder under /tmp and in the
+    owner's home (where a job without an image gets a private /tmp: one in an image has the
+    container's, and podman one run state for all jobs of its user: with one each, a second
+    container failed now and then, "failed to connect to container's attach socket")."""
     if where == "home":
         entry = pwd.getpwnam(U1)
         open_dir = Path(entry.pw_dir) / f"two-{os.getpid()}-{time.monotonic_ns()}"
@@ -143,13 +147,14 @@ def test_two_jobs_of_one_user_in_images_at_once_each_on_its_gpu(live_server: Any
             for _ in range(2)]
     for job in jobs:
         running = wait_job(u1, job["id"], ("RUNNING",) + ENDED, timeout=60)
-        assert running["state"] == "RUNNING", running["reason"]
+        assert running["state"] == "RUNNING", (running["reason"], u1.log(job["id"])["data"])
     go.touch()
     seen = set()
     for job in jobs:
         done = wait_job(u1, job["id"], ENDED, timeout=60)
         assert done["state"] == "COMPLETED", (done["reason"], u1.log(job["id"])["data"])
-        assert u1.log(job["id"])["data"].split() == [f"nvidia{done['assigned_gpus'][0]}", "gpus=0"]
+        log = u1.log(job["id"])["data"]
+        assert log.split() == [f"nvidia{done['assigned_gpus'][0]}", "gpus=0"], log
         seen.add(done["assigned_gpus"][0])
     assert seen == {0, 1}
     if where == "home":

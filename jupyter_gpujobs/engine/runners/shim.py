@@ -353,7 +353,9 @@ class Shim:
         tmp_dir: str | None = None
         tmp_keep = [os.path.normpath(str(p)) for p in spec.get("tmp_keep") or ()
                     if os.path.normpath(str(p)).startswith("/tmp/")]
-        if spec.get("private_tmp"):
+        # a job in an image has the container's own /tmp and /dev/shm; its runtime (rootless
+        # podman, as the owner) keeps its run state and locks there, the same for all its jobs
+        if spec.get("private_tmp") and not spec.get("container"):
             where = os.path.normpath(cwd or self.job_dir)
             if where != "/tmp" and not where.startswith("/tmp/"):  # else the folder would vanish for it
                 try:
