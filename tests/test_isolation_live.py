@@ -6,6 +6,7 @@ the fallback without cgroups says so and behaves as before. Needs root, as CI ru
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pwd
@@ -54,6 +55,17 @@ def _nodes(server: Any) -> Path:
 ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
 
 
+def _cgroup_of(pid: int) -> str:
+    """A cgroup folder of the engine's that holds `pid` (the job's own, under gpujobs/)."""
+    for folder in sorted(glob.glob("/sys/fs/cgroup/gpujobs/*") + glob.glob("/sys/fs/cgroup/*/gpujobs/*")):
+        try:
+            if str(pid) in Path(folder, "cgroup.procs").read_text().split():
+                return folder
+        except OSError:
+            continue
+    raise AssertionError(f"no cgroup of the engine's holds pid {pid}")
+
+
 def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, open_dir: Path) -> None:
     server = _two_user_server(live_server)
     u1 = GPUJobsClient(url=server.url, token="tok-u1")
@@ -67,8 +79,10 @@ def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, 
     running = wait_job(u2, theirs["id"], ("RUNNING",))
     u2_log = server.state_dir / "logs" / f"job-{theirs['id']}.log"
     nodes = _nodes(server)
+    u2_cgroup = _cgroup_of(u2_pid)
     mine_probe = (f"id -un; cat {u2_log} 2>&1; kill -TERM {u2_pid} 2>&1; kill -9 $PPID 2>&1; "
-                  f"for i in 0 1; do (exec 3<{nodes}/nvidia$i) 2>&1 | sed \"s/^/gpu$i: /\"; done; echo gpus=$CUDA_VISIBLE_DEVICES")
+                  f"for i in 0 1; do (exec 3<{nodes}/nvidia$i) 2>&1 | sed \"s/^/gpu$i: /\"; done; "
+                  f"cat {u2_cgroup}/cgroup.procs 2>&1 | sed \"s/^/cgroup: /\"; echo gpus=$CUDA_VISIBLE_DEVICES")
     mine = u1.submit(["/bin/sh", "-c", mine_probe], gpus=1, cwd=str(open_dir), time_limit="1m")
     done = wait_job(u1, mine["id"], ENDED)
     assert done["state"] == "COMPLETED", done["reason"]
@@ -83,6 +97,9 @@ def test_jobs_run_as_their_owners_and_cannot_reach_each_other(live_server: Any, 
     gpu_lines = {line.split(": ", 1)[0]: line for line in lines if line.startswith("gpu")}
     assert "No such device or address" in gpu_lines[f"gpu{given}"]  # its own GPU (ENXIO: no driver)
     assert "Operation not permitted" in gpu_lines[f"gpu{other}"]  # the other's GPU: fenced
+    # the other's cgroup: no listing of its processes (a shared engine's jobs' cgroups are root's alone)
+    cgroup_lines = [line for line in lines if line.startswith("cgroup: ")]
+    assert cgroup_lines and "Permission denied" in cgroup_lines[0] and str(u2_pid) not in log, cgroup_lines
     assert lines[-1] == f"gpus={given}"
 
     assert u2.job(theirs["id"])["state"] == "RUNNING"  # untouched by the other user

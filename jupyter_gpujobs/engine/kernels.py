@@ -96,7 +96,7 @@ class Kernels:
                                                   self.inventory.job_devices(gpus), run_as(job.user, s.run_as_owner))
                  } if job.image else {}
         req = LaunchRequest(job_id=job.id, command=[], cwd="", mem_bytes=job.mem_bytes, cpus=job.cpus,
-                            deny_devices=self.inventory.deny_devices(gpus))
+                            deny_devices=self.inventory.deny_devices(gpus), container=extra.get("container"))
         try:
             new = s.runner.adopt(req, [p for p, _ in procs], handle)
         except OSError as err:

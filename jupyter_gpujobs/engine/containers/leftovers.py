@@ -40,7 +40,7 @@ def remove_container(container: dict[str, Any], env: dict[str, str],
         return
     cg = {key: path + "-cleanup" for key, path in job_cg.items()}
     try:
-        cgroups.create(cg)
+        cgroups.create(cg, readable=True)  # podman rm runs as the owner
     except OSError:
         cgroups.remove(cg)
         cg = {}

@@ -194,15 +194,17 @@ def char_device(path: str) -> tuple[int, int] | None:
 
 
 def create(cg: dict[str, str], deny_devices: Sequence[str] = (), mem_bytes: int | None = None,
-           cpus: float | None = None, v2_controllers: tuple[str, ...] = (), bpf_fence: bool = False) -> None:
+           cpus: float | None = None, v2_controllers: tuple[str, ...] = (), bpf_fence: bool = False,
+           readable: bool = False) -> None:
     """Make the run's cgroups with its device fence and limits (OSError when the host refuses).
-    `bpf_fence`: fence with a BPF program on the v2 cgroup (no v1 devices controller)."""
+    `bpf_fence`: fence with a BPF program on the v2 cgroup (no v1 devices controller).
+    `readable`: open to read as the host's own cgroups are (0755), for a container runtime the
+    job runs as its owner, which reads its cgroup's state (rootless runc: "unable to get cgroup
+    freezer state ... permission denied"); else root's alone (0700, whatever the engine's
+    umask), so no user lists another's job's processes (cgroup.procs) or reads its use."""
     for path in cg.values():
         os.makedirs(path, exist_ok=True)
-        # open to read as the host's own cgroups are, whatever the engine's umask (a shared
-        # engine's is 077): a container runtime the job runs as its owner reads its cgroup's
-        # state (rootless runc: "unable to get cgroup freezer state ... permission denied")
-        os.chmod(path, 0o755)
+        os.chmod(path, 0o755 if readable else 0o700)
     denied = [dev for dev in (char_device(node) for node in deny_devices) if dev is not None]
     if "devices" in cg:
         for major, minor in denied:

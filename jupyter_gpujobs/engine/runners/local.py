@@ -340,7 +340,7 @@ class LocalRunner(Runner):
         if not cgroups.exists(cg):
             try:
                 cgroups.create(cg, req.deny_devices if iso.fence else [], req.mem_bytes, req.cpus,
-                               iso.v2_controllers, iso.bpf)
+                               iso.v2_controllers, iso.bpf, readable=req.container is not None)
             except OSError:
                 cgroups.remove(cg)
                 raise

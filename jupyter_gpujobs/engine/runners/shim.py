@@ -366,7 +366,8 @@ class Shim:
         if self.cg:
             try:
                 cgroups.create(self.cg, spec.get("deny_devices") or [], spec.get("mem_bytes"), spec.get("cpus"),
-                               tuple(spec.get("v2_controllers") or ()), bool(spec.get("bpf_fence")))
+                               tuple(spec.get("v2_controllers") or ()), bool(spec.get("bpf_fence")),
+                               readable=bool(spec.get("container")))
             except OSError as err:
                 cgroups.remove(self.cg)
                 return self.fail_to_start(spec, f"could not confine the job in its cgroup: {err.strerror or err}",
