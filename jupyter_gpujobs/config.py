@@ -403,6 +403,13 @@ class GPUJobs(Configurable):
     container_runtime = Unicode("podman", config=True,
                                 help="The container runtime of image names (an entry point of "
                                      "jupyter_gpujobs.containers: podman); an image file (.sif) runs in apptainer.")
+    container_pull = Bool(True, config=True,
+                          help="Pull a job's image that is not there for its owner (a registry reference, or "
+                               "podman's docker-archive:/oci-archive:/oci: of a file) as the owner before the job "
+                               "may take GPUs, its progress in the job's log and reason (docs/containers.md). "
+                               "False: such an image is refused at submit.")
+    container_pull_timeout = Float(1800.0, config=True,
+                                   help="Seconds a pull of a job's image may take; past it the job ends FAILED.")
     container_options = List(Unicode(), config=True,
                              help="More options for every container run, in the runtime's own words, after the "
                                   "engine's (e.g. ['--network=none'] for podman).")

@@ -121,7 +121,8 @@ class Access:
             if s.positions is None:
                 s.positions = {jid: i + 1 for i, jid in enumerate(s.waiting)}
             position = s.positions.get(job.id)
-            reason = s.plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
+            if job.id not in s.pulling:  # (a job waiting for its image: the pull's progress)
+                reason = s.plan.reasons.get(job.id) or reason or "waiting for the next scheduling cycle"
             plan = s.plan
             if job.id in plan.expected_start:
                 expected, predicted = plan.expected_start[job.id], job.id in plan.predicted

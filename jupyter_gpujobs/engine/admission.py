@@ -3,7 +3,9 @@
 Owns the checks of a submission beyond its own fields (`validated`: the user's group, the
 quotas that would never let it start, dependencies, the working directory (`~` is the job's
 user's home; the folder is looked at as them: `check_cwd`) and the Unix user it runs as,
-limits this machine can enforce, a notebook's payload), the group commit of the submissions
+limits this machine can enforce, a notebook's payload, its image: there for its user or one a
+pull can fetch, `containers.pull.Pulls` then fetching it before the job may take GPUs), the
+group commit of the submissions
 of one event-loop turn (`submit`, `store_submissions`) and the burst timer that gives a burst
 of submissions one scheduling cycle once it pauses.
 
@@ -26,7 +28,8 @@ from ..model import InvalidInput, Job, validate_submission
 from ..notebook.notebooks import check_notebook_files
 from .access import Access
 from .containers import ImageProblem
-from .containers.present import check_present
+from .containers.present import as_owner, check_present
+from .containers.pull import Pulls
 from .events import Events
 from .inventory import Inventory
 from .rules import Rules
@@ -58,6 +61,7 @@ class Admission:
         self.last_submit_at = 0.0
         # how far the look at a notebook job's notebook may go (c.GPUJobs.notebook_max_bytes, _check_timeout)
         self.input_bounds = Bounds()
+        self.pulls = Pulls(state, events)  # jobs whose image is pulled before they may take GPUs
 
     async def submit(self, user: str, body: dict[str, Any]) -> list[Job]:
         """Validate and store a submission; returns the new job(s) (several for an array)
@@ -205,6 +209,7 @@ class Admission:
             s.keep(job)
             self.events.publish(job, {"job_id": job.id, "time": new.now, "state": "PENDING", "actor": new.actor,
                                       "reason": "submitted"})
+            self.pulls.admit(job)  # (an image not there yet: it waits for its pull, not for GPUs)
         return jobs
 
     async def check_cwd(self, user: str, given: str | None, cwd: str) -> None:
@@ -251,10 +256,26 @@ class Admission:
         return image
 
     async def check_image(self, user: str, image: str) -> None:
-        """The job's image must be there for the Unix user it runs as before it waits for GPUs:
-        a pull never holds a GPU. Raises InvalidInput("image", ...) naming it."""
+        """The job's image must be there for the Unix user it runs as, or be one a pull can
+        fetch (with c.GPUJobs.container_pull: a registry reference, or a file or folder of this
+        machine that user may read), which `Pulls` fetches before the job may take GPUs.
+        Raises InvalidInput("image", ...) naming it."""
+        settings = self.state.containers
+        unix_user = run_as(user, self.state.run_as_owner)
         try:
-            await check_present(self.state.containers.check(image), image, run_as(user, self.state.run_as_owner))
+            runtime = settings.check(image)
+            source = runtime.local_source(image)
+            if source is not None:
+                if not settings.pull:
+                    raise ImageProblem(f"image {image}: this site pulls no image for a job "
+                                       "(c.GPUJobs.container_pull); load it first (podman load)")
+                await _check_readable(source, unix_user, image)
+                return
+            try:
+                await check_present(runtime, image, unix_user)
+            except ImageProblem:
+                if not settings.pull or runtime.pull_command(image) is None:
+                    raise
         except ImageProblem as err:
             raise InvalidInput("image", str(err)) from None
 
@@ -284,6 +305,16 @@ class Admission:
         if self.burst_timer is not None:
             self.burst_timer.cancel()
             self.burst_timer = None
+
+
+async def _check_readable(path: str, unix_user: str | None, image: str) -> None:
+    """ImageProblem naming `image` unless `unix_user` may read `path` (looked at as them)."""
+    proc = await asyncio.create_subprocess_exec(
+        "test", "-r", path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True,
+        **as_owner(unix_user))  # type: ignore[arg-type]
+    if await proc.wait() != 0:
+        raise ImageProblem(f"image {image}: no file or folder {path} that {unix_user or _engine_user()} may read")
 
 
 def _resolve_cwd(value: str | None, root_dir: str) -> str:

@@ -136,7 +136,8 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
     service.notifier = Notifier(service, NotifySettings.from_config(cfg), log)
     # jobs in their own images (issue 29, engine/containers)
     service.state.containers = Containers(runtime=cfg.container_runtime, default_image=cfg.default_image,
-                                          allowed_images=list(cfg.allowed_images), options=list(cfg.container_options))
+                                          allowed_images=list(cfg.allowed_images), options=list(cfg.container_options),
+                                          pull=cfg.container_pull, pull_timeout_s=cfg.container_pull_timeout)
     # how far the look at a notebook job's notebook (as its user, userfiles.py) may go
     service.admission.input_bounds = Bounds(cfg.notebook_max_bytes, cfg.notebook_check_timeout)
     monitor = Monitor(service, MonitorSettings.from_config(cfg), log)

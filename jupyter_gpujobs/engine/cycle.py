@@ -128,6 +128,9 @@ class Cycle:
             for job_id in [i for i in self.set_aside if i not in pending]:
                 del self.set_aside[job_id]
             pending = {i: j for i, j in pending.items() if i not in self.set_aside}
+        if s.pulling:  # jobs waiting for their image (containers/pull.py) are not eligible: held, as
+            # a user's hold (their dependents wait for them); the view shows the pull as their reason
+            pending = {**pending, **{i: pending[i].replace(held=True) for i in s.pulling if i in pending}}
         running = list(s.running.values())
         self.enforce_limits(running, now)
         self._account_usage(running, now)

@@ -199,6 +199,7 @@ class JobService:
         self.rules.load_reservations()
         self.rules.load_budgets()
         self.reconcile()
+        self.admission.pulls.resume()  # (a pull under way when the engine stopped runs again)
         state.wake_event = asyncio.Event()
         state.freed = asyncio.Event()
         self._tasks = [
@@ -220,6 +221,7 @@ class JobService:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
+        await self.admission.pulls.stop()
         self.scheduling.save_usage(self.clock())
         self.runner.close()
 

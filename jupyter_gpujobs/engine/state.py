@@ -114,6 +114,8 @@ class EngineState:
         # scheduler as it is, without a pass over 10k jobs
         self.pending: dict[int, Job] = {}
         self.pending_of: dict[str, int] = {}  # user -> how many of `pending` are theirs (admission's caps)
+        # pending jobs waiting for their image (containers/pull.py): held in the cycle's snapshot
+        self.pulling: set[int] = set()
         self.running: dict[int, Job] = {}
         self.handles: dict[int, dict[str, Any]] = {}  # running job id -> its supervisor's handle
         # what running jobs carry until they end (`ended` drops it)
@@ -187,6 +189,7 @@ class EngineState:
         """A job reached a final state: drop it and all it carried; returns the handle of a
         confined kernel (to release), if it was one."""
         self.forget(job_id)
+        self.pulling.discard(job_id)
         self.handles.pop(job_id, None)
         self.terminating.discard(job_id)
         self.warned.discard(job_id)

@@ -92,6 +92,17 @@ class Runtime:
         """What a user reads when `image` is not there for them."""
         return f"image {image} is not on this machine"
 
+    def pull_command(self, image: str) -> list[str] | None:
+        """The command that fetches `image` into the storage of the user who runs it (run as
+        the job's owner before the job may take GPUs: containers/pull.py; its last line of
+        output names the image pulled); None when it is nothing a pull can fetch."""
+        return None
+
+    def local_source(self, image: str) -> str | None:
+        """The file or folder of this machine a reference is pulled from (looked at as the
+        job's owner at submit), None for any other reference."""
+        return None
+
     def module(self) -> str:
         return type(self).__module__
 
@@ -197,6 +208,13 @@ class Containers:
     allowed_images: list[str] = field(default_factory=list)
     #: more options for every container run (the runtime's own words), from the admin
     options: list[str] = field(default_factory=list)
+    #: pull (or load) a job's image that is not there for its owner, before it may take GPUs
+    #: (c.GPUJobs.container_pull; containers/pull.py), within this many seconds
+    pull: bool = True
+    pull_timeout_s: float = 1800.0
+    #: (Unix user or "", reference) -> the image id a pull gave, for references podman runs
+    #: by id only (its local transports); filled by containers/pull.py
+    pulled: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
     _loaded: dict[str, Runtime] = field(default_factory=dict, repr=False)
 
     def image_for(self, asked: str | None) -> str:
@@ -233,7 +251,7 @@ class Containers:
         `cwd` (also the working directory) and its owner's home read-write at the same paths."""
         runtime = self.runtime_for(image)
         module = importlib.import_module(runtime.module())
-        run = ContainerRun(module=runtime.module(), image=image, name=f"gpujobs-{job_id}-{os.urandom(4).hex()}",
+        run = ContainerRun(module=runtime.module(), image=self.pulled.get((unix_user or "", image), image), name=f"gpujobs-{job_id}-{os.urandom(4).hex()}",
                            workdir=cwd, options=list(self.options))
         cdi = not fake and getattr(module, "cdi_available", lambda: False)()
         if cdi:

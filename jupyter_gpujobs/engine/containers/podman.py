@@ -11,8 +11,10 @@ What a job's container gets (`wrap`):
   the same paths; the host's network (`--network=host`; the site may add its own options);
 - its environment without the host's PATH and shell, CUDA_VISIBLE_DEVICES renumbered 0..n-1;
 - no pull (`--pull=never`: the image must be there when the job starts; admission checks that
-  at submit, so a pull never holds a GPU), no log of podman's own (`--log-driver=none`: the
-  output goes to the job's log as any job's).
+  at submit, and a job whose image is to be pulled (`pull_command`: a registry reference, or
+  one of podman's local transports `docker-archive:`, `oci-archive:`, `oci:`) is pulled as its
+  owner before it may take GPUs, containers/pull.py), no log of podman's own
+  (`--log-driver=none`: the output goes to the job's log as any job's).
 
 The container's processes stay in the job's cgroup (`--cgroup-manager=cgroupfs`: no systemd
 scope elsewhere; rootless podman cannot make cgroups of its own in a root-owned one), so the
@@ -38,6 +40,8 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 DRIVER_LIBRARIES = ("libcuda.so*", "libnvidia-ml.so*", "libnvidia-ptxjitcompiler.so*", "libnvidia-nvvm.so*",
                     "libcudadebugger.so*", "libnvidia-gpucomp.so*")
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+#: podman's transports that fetch an image from a file or folder of the machine (no registry)
+LOCAL_TRANSPORTS = ("docker-archive:", "oci-archive:", "oci:")
 
 
 class Podman(Runtime):
@@ -47,14 +51,40 @@ class Podman(Runtime):
     def refusal(self, image: str) -> str:
         if image.startswith(("/", ".")):
             return "podman runs images by name (localhost/name:tag, docker.io/...), not files"
+        source = self.local_source(image)
+        if source is not None and not source.startswith("/"):
+            return f"{image.partition(':')[0]}: needs an absolute path ({image.partition(':')[0]}:/path)"
         return ""
 
     def exists_command(self, image: str) -> list[str] | None:
+        if self.local_source(image) is not None:
+            return None  # podman looks up no stored image by a transport: it is pulled (loaded) each time
         return ["podman", "image", "exists", image]
 
     def missing_text(self, image: str) -> str:
-        return (f"image {image} is not on this machine for you: pull or build it first (podman pull {image}); "
-                "a job never waits for a pull")
+        if self.pull_command(image) is None:
+            return (f"image {image} is not on this machine for you and names no registry to pull it from: build "
+                    f"or load it first (podman build, podman load), or pull it yourself (podman pull REFERENCE)")
+        return (f"image {image} is not on this machine for you: pull it first (podman pull {image}); "
+                "this site pulls no image for a job (c.GPUJobs.container_pull)")
+
+    def local_source(self, image: str) -> str | None:
+        for transport in LOCAL_TRANSPORTS:
+            if image.startswith(transport):
+                return image[len(transport):].partition(":")[0]
+        return None
+
+    def pull_command(self, image: str) -> list[str] | None:
+        if self.local_source(image) is None and not has_registry(image):
+            return None
+        return ["podman", "--log-level=error", "pull", image]
+
+
+def has_registry(image: str) -> bool:
+    """Does a reference name a registry to pull from (docker.io/library/python:3.12,
+    registry:5000/x)? `localhost/...` is podman's name of an image built or loaded here."""
+    first, slash, _rest = image.partition("/")
+    return bool(slash) and first != "localhost" and ("." in first or ":" in first)
 
 
 def cdi_available() -> bool:

@@ -4,7 +4,8 @@ An image of rootless podman is in its owner's own storage (their home) or in a s
 site shares (`additionalimagestores`): only a process of the owner sees what they may use, so
 the check runs the runtime's `exists_command` as them (never as root), with a time limit, and a
 missing image is a refusal naming it; an image found is taken as there for a minute (a burst
-of submissions asks once). Nothing is pulled here or later: a pull never holds a GPU.
+of submissions asks once). Nothing is pulled here: a job whose image a pull can fetch waits
+for it before it may take GPUs (pull.py, which runs its commands as the owner with `as_owner`).
 
 May call: `containers` (the interface), `runners.users` (the owner's account).
 """
@@ -27,6 +28,31 @@ FOUND_FOR_S = 60.0
 _found: dict[tuple[str, str], float] = {}  # (Unix user or "", image) -> monotonic time it was found
 
 
+def as_owner(unix_user: str | None) -> dict[str, object]:
+    """What runs a command as `unix_user` (None: the engine's own user), for
+    `asyncio.create_subprocess_exec`: their uid, gids and a plain environment of theirs.
+    ImageProblem when there is no such user."""
+    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    home = os.environ.get("HOME") or "/"
+    out: dict[str, object] = {}
+    if unix_user is not None:
+        try:
+            acct = account(unix_user)
+        except KeyError:
+            raise ImageProblem(f"{unix_user} is not a user on this machine") from None
+        if acct is not None:  # (None: the engine's own user)
+            name, uid, gid, home, _shell, groups = acct
+            out = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[call-overload]
+            env.update({"USER": str(name), "LOGNAME": str(name)})
+    env["HOME"] = str(home)
+    return {**out, "env": env}
+
+
+def known_present(image: str, unix_user: str | None) -> bool:
+    """Was `image` found there for `unix_user` within `FOUND_FOR_S` (no need to ask again)?"""
+    return time.monotonic() - _found.get((unix_user or "", image), -FOUND_FOR_S) < FOUND_FOR_S
+
+
 async def check_present(runtime: Runtime, image: str, unix_user: str | None,
                         timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """ImageProblem naming `image` when it is not there for `unix_user` (None: the engine's
@@ -36,24 +62,13 @@ async def check_present(runtime: Runtime, image: str, unix_user: str | None,
         return
     key = (unix_user or "", image)
     now = time.monotonic()
-    if now - _found.get(key, -FOUND_FOR_S) < FOUND_FOR_S:
+    if known_present(image, unix_user):
         return
-    who: dict[str, object] = {}
-    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    home = os.environ.get("HOME") or "/"
-    if unix_user is not None:
-        acct = account(unix_user)
-        if acct is None:
-            raise ImageProblem(f"{unix_user} is not a user on this machine")
-        name, uid, gid, home, _shell, groups = acct
-        who = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[list-item]
-        env.update({"USER": str(name), "LOGNAME": str(name)})
-    env["HOME"] = str(home)
     try:
         proc = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, cwd="/", env=env, start_new_session=True, close_fds=True,
-            **who)  # type: ignore[arg-type]
+            stderr=asyncio.subprocess.PIPE, cwd="/", start_new_session=True, close_fds=True,
+            **as_owner(unix_user))  # type: ignore[arg-type]
     except OSError as err:
         raise ImageProblem(f"could not check image {image} ({command[0]}: {err.strerror or err})") from None
     try:

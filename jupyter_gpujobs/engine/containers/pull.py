@@ -1,0 +1,285 @@
+"""Pulls before GPUs (issue 29): a job whose image is not there for its owner waits while the
+image is pulled (or loaded) as the owner, out of the scheduler's sight, and only then may take
+GPUs: a pull never holds a GPU.
+
+Owns `Pulls`:
+- which pending jobs wait for their image (`EngineState.pulling`: the cycle leaves them out of
+  its snapshot as it leaves jobs set aside; their reason is the pull's progress);
+- one pull per (owner, image), whatever the number of that owner's jobs waiting for it, run as
+  the owner (rootless podman, the runtime's `pull_command`; never as root for a user), its
+  output appended to the log of each job waiting for it;
+- a pull's end: its jobs become eligible, or end FAILED with a reason naming the image and the
+  runtime's message; its time limit (c.GPUJobs.container_pull_timeout); a pull that no job
+  waits for any more (they were cancelled) is stopped;
+- after a restart (`resume`), every pending job in an image is made ready the same way: a pull
+  under way when the engine stopped runs again.
+
+May call: `containers` (the interface, the site's settings), `containers.present` (the check
+as the owner), `runners.joblog` (a job's log), `runners.users`, `events.Events` (a job's end,
+its publication) and `state.EngineState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...model import Job, JobState, format_duration
+from ..runners.joblog import open_log
+from ..runners.users import NotAUnixUser, account, run_as
+from . import ImageProblem, Runtime
+from .present import as_owner, check_present, known_present
+
+if TYPE_CHECKING:
+    from ..events import Events
+    from ..state import EngineState
+
+log = logging.getLogger("jupyter_gpujobs")
+
+#: how often a running pull looks whether any job still waits for it (cancelled: it is stopped)
+WATCH_S = 0.5
+#: how long a stopped pull has after SIGTERM before SIGKILL
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class _Pull:
+    image: str
+    unix_user: str | None
+    runtime: Runtime
+    jobs: set[int] = field(default_factory=set)  # the jobs waiting for it
+    logs: dict[int, int] = field(default_factory=dict)  # job id -> its log, open for appending
+    copied: int = 0  # layers (blobs) copied so far
+    last: str = ""  # the last line of output (podman's: the image id; on failure its error)
+    proc: asyncio.subprocess.Process | None = None
+    task: asyncio.Future[None] | None = None
+
+
+class Pulls:
+    def __init__(self, state: EngineState, events: Events):
+        self.state = state
+        self.events = events
+        self.running: dict[tuple[str, str], _Pull] = {}  # (Unix user or "", image) -> its pull
+
+    def admit(self, job: Job) -> None:
+        """An accepted pending job in an image: eligible now when its image is known to be
+        there for its owner, else it waits for a pull (or a check, after a restart)."""
+        s = self.state
+        if not job.image or s.mirrored:
+            return
+        try:
+            unix_user = run_as(job.user, s.run_as_owner)
+            runtime = s.containers.runtime_for(job.image)
+        except (NotAUnixUser, ImageProblem) as err:  # (after a restart: a user or runtime gone)
+            self._fail([job.id], job.image, str(err))
+            return
+        if known_present(job.image, unix_user):
+            return
+        if runtime.exists_command(job.image) is None and runtime.local_source(job.image) is None:
+            return  # a file the runtime runs directly (apptainer's .sif)
+        key = (unix_user or "", job.image)
+        pull = self.running.get(key)
+        if pull is None:
+            pull = self.running[key] = _Pull(job.image, unix_user, runtime)
+            pull.task = asyncio.ensure_future(self._run(key, pull))
+        pull.jobs.add(job.id)
+        s.pulling.add(job.id)
+        self._show(pull, job.id)
+
+    def resume(self) -> None:
+        """After a restart: every pending job in an image is made ready again (`admit`)."""
+        for job in sorted(self.state.pending.values(), key=lambda j: j.id):
+            if job.image:
+                self.admit(job)
+
+    async def stop(self) -> None:
+        """The engine stops: its pulls stop with it (a restart pulls again)."""
+        for pull in list(self.running.values()):
+            _signal(pull.proc, signal.SIGKILL)
+            if pull.task is not None:
+                pull.task.cancel()
+        for pull in list(self.running.values()):
+            if pull.task is not None:
+                try:
+                    await pull.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    # ------------------------------------------------------------------ one pull
+
+    async def _run(self, key: tuple[str, str], pull: _Pull) -> None:
+        try:
+            error = await self._fetch(key, pull)
+        except asyncio.CancelledError:
+            self._close(pull)
+            raise
+        except Exception as err:
+            log.exception("gpujobs: the pull of image %s for %s failed", pull.image, key[0] or "the engine's user")
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            self.running.pop(key, None)
+        waiting = self._waiting(pull)
+        for job_id in pull.jobs:
+            self.state.pulling.discard(job_id)
+        self._close(pull)
+        if error is not None:
+            self._fail(waiting, pull.image, error)
+            return
+        s = self.state
+        for job_id in waiting:  # eligible from the next cycle on: its reason is the plan's
+            job = s.pending[job_id] = s.pending[job_id].replace(reason=None)
+            self.events.publish(job, {"job_id": job_id, "time": s.clock(), "state": "PENDING", "actor": "engine",
+                                      "reason": f"image {pull.image} is there"})
+        if waiting:
+            s.wake()
+
+    async def _fetch(self, key: tuple[str, str], pull: _Pull) -> str | None:
+        """None once the image is there for its owner, else why not."""
+        settings = self.state.containers
+        runtime, image = pull.runtime, pull.image
+        command = runtime.pull_command(image)
+        if runtime.exists_command(image) is not None:
+            try:
+                await check_present(runtime, image, pull.unix_user)
+                return None
+            except ImageProblem as err:
+                if command is None or not settings.pull:
+                    return str(err)
+        if command is None:
+            return runtime.missing_text(image)
+        self._line(pull, f"[gpujobs] pulling image {image} as {pull.unix_user or 'the engine user'}, "
+                         "before the job takes GPUs")
+        self._record(pull, "PULLING", f"pulling image {image}")
+        proc = pull.proc = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, close_fds=True, limit=1 << 20,
+            **as_owner(pull.unix_user))  # type: ignore[arg-type]
+        assert proc.stdout is not None
+        reader = asyncio.ensure_future(self._read(pull, proc.stdout))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.pull_timeout_s
+        try:
+            while not reader.done():
+                await asyncio.wait({reader}, timeout=max(0.0, min(WATCH_S, deadline - loop.time())))
+                if reader.done():
+                    break
+                if not self._waiting(pull):
+                    return "no job waits for it any more"
+                if loop.time() >= deadline:
+                    self._line(pull, f"[gpujobs] the pull of {image} is stopped at its time limit")
+                    return (f"the pull gave no image within {format_duration(settings.pull_timeout_s)} "
+                            "(c.GPUJobs.container_pull_timeout)")
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                await _stop(proc)
+            if not reader.done():
+                reader.cancel()
+        if code != 0:
+            said = pull.last.removeprefix("Error: ").strip() or f"{command[0]} exited with {code}"
+            return f"could not be pulled: {said[:400]}"
+        if runtime.local_source(image) is not None and pull.last:  # run by its id (no name for it)
+            settings.pulled[key] = pull.last.strip()
+        self._line(pull, f"[gpujobs] image {image} is there; the job waits for GPUs")
+        self._record(pull, "PULLED", f"image {image} pulled")
+        return None
+
+    async def _read(self, pull: _Pull, stream: asyncio.StreamReader) -> None:
+        """The pull's output, line by line, into its jobs' logs; its progress as their reason."""
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line over the limit: its rest is skipped
+                continue
+            if not raw:
+                return
+            text = raw.decode(errors="replace").rstrip()
+            if not text:
+                continue
+            pull.last = text
+            if text.startswith("Copying blob"):
+                pull.copied += 1
+            self._line(pull, text)
+            for job_id in self._waiting(pull):
+                self._show(pull, job_id)
+
+    # ------------------------------------------------------------------ its jobs
+
+    def _waiting(self, pull: _Pull) -> list[int]:
+        """The jobs still pending that wait for `pull`."""
+        return sorted(j for j in pull.jobs if j in self.state.pending)
+
+    def _show(self, pull: _Pull, job_id: int) -> None:
+        """The job's reason: the pull's progress (the view shows it, the panel with it)."""
+        s = self.state
+        job = s.pending.get(job_id)
+        if job is None:
+            return
+        reason = f"pulling image {pull.image}" + (f": {pull.copied} layer(s) copied" if pull.copied else "") + \
+                 "; the job takes GPUs once it is there"
+        if job.reason != reason:
+            s.pending[job_id] = job = job.replace(reason=reason)
+            self.events.publish(job, {"job_id": job_id, "time": s.clock(), "state": "PENDING", "actor": "engine",
+                                      "reason": reason})
+
+    def _record(self, pull: _Pull, what: str, reason: str) -> None:
+        """An event in the history of each job waiting for `pull` (PULLING, PULLED)."""
+        s = self.state
+        for job_id in self._waiting(pull):
+            s.store.add_event(job_id, what, "engine", reason, s.clock())
+
+    def _line(self, pull: _Pull, text: str) -> None:
+        """A line into the log of each job waiting for `pull` (the engine's own log folder; the
+        log is its owner's, as the supervisor makes it)."""
+        data = (text + "\n").encode()
+        for job_id in self._waiting(pull):
+            fd = pull.logs.get(job_id)
+            try:
+                if fd is None:
+                    fd = pull.logs[job_id] = self._open_log(job_id, pull.unix_user)
+                os.write(fd, data)
+            except OSError as err:
+                log.warning("gpujobs: writing the pull's output to the log of job %s failed: %s", job_id, err)
+
+    def _open_log(self, job_id: int, unix_user: str | None) -> int:
+        s = self.state
+        path = s.state_dir / "logs" / f"job-{job_id}.log"
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        acct = account(unix_user)
+        fd = open_log(str(path), (int(acct[1]), int(acct[2])) if acct else None)  # type: ignore[call-overload]
+        s.store.update_job(job_id, log_path=str(path))
+        return fd
+
+    def _close(self, pull: _Pull) -> None:
+        for fd in pull.logs.values():
+            os.close(fd)
+        pull.logs.clear()
+
+    def _fail(self, job_ids: list[int], image: str, error: str) -> None:
+        reason = error if error.startswith(f"image {image}") else f"image {image}: {error}"
+        for job_id in job_ids:
+            self.state.pulling.discard(job_id)
+            self.events.set_state(job_id, JobState.FAILED, "engine", reason, expect=(JobState.PENDING,))
+
+
+def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
+    if proc is None or proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Stop a pull and all it started (its own session): SIGTERM, then SIGKILL."""
+    _signal(proc, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+    except asyncio.TimeoutError:
+        _signal(proc, signal.SIGKILL)
+        await proc.wait()
