@@ -120,6 +120,11 @@ def test_a_pulling_job_holds_no_gpu_and_its_cancel_stops_the_pull(live_server: A
         second = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
         assert u1.job(second["id"])["reason"].startswith(f"pulling image {image}")
         assert len(_pull_trees(image)) == 1, _pull_trees(image)
+        # a job that depends on a pulling one waits for it (the scheduler sees it held, not gone)
+        after = u1.submit(["/bin/true"], gpus=0, cwd=str(open_dir), time_limit="1m", depends=f"afterok:{pulled['id']}")
+        waits = wait_job(u1, after["id"], lambda j: j["state"] != "PENDING" or "waiting for job" in (j["reason"] or ""),
+                         timeout=30)
+        assert waits["state"] == "PENDING" and waits["reason"] == f"waiting for job {pulled['id']} (afterok)", waits
         # both GPUs are free while it pulls: a 2-GPU job without an image starts past it
         other = u1.submit(["/bin/sh", "-c", "sleep 30"], gpus=2, cwd=str(open_dir), time_limit="1m")
         running = wait_job(u1, other["id"], ("RUNNING",) + ENDED, timeout=30)
@@ -128,6 +133,7 @@ def test_a_pulling_job_holds_no_gpu_and_its_cancel_stops_the_pull(live_server: A
         # the cancel of one job leaves the pull to the other; the cancel of both stops it
         pids = _pull_trees(image)
         assert u1.cancel(pulled["id"])["state"] == "CANCELLED"
+        wait_job(u1, after["id"], ENDED, timeout=30)  # (its dependent is cancelled with it)
         time.sleep(1.5)  # (three of the engine's looks at whether a job still waits: it must go on)
         assert _pull_trees(image) == pids and u1.job(second["id"])["state"] == "PENDING"
         assert u1.cancel(second["id"])["state"] == "CANCELLED"
