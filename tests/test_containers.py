@@ -82,6 +82,24 @@ def test_fake_gpus_get_their_nodes_and_no_driver() -> None:
     assert spec["workdir"] == "/tmp" and spec["name"].startswith("gpujobs-7-")
 
 
+def test_what_podman_can_pull_and_the_image_a_pulled_archive_runs_in() -> None:
+    from jupyter_gpujobs.engine.containers.podman import Podman
+
+    podman = Podman()
+    for image in ("docker.io/library/python:3.12", "registry:5000/team/x:1", "docker-archive:/srv/t.tar",
+                  "oci-archive:/srv/t.tar", "oci:/srv/layout:tag"):
+        assert podman.pull_command(image) == ["podman", "--log-level=error", "pull", image], image
+    for image in ("localhost/t:1", "python:3.12", "team/x"):  # no registry: built or loaded here only
+        assert podman.pull_command(image) is None and "names no registry" in podman.missing_text(image), image
+    assert podman.local_source("oci:/srv/layout:tag") == "/srv/layout"
+    assert podman.exists_command("docker-archive:/srv/t.tar") is None  # podman looks up no image by it
+    assert "absolute path" in podman.refusal("docker-archive:t.tar") and podman.refusal("oci:/srv/l") == ""
+    settings = Containers(pulled={("u", "docker-archive:/srv/t.tar"): "fc47dfa15adc"})
+    spec = settings.launch(7, "docker-archive:/srv/t.tar", "/tmp", [], "u", fake=True)
+    assert spec["image"] == "fc47dfa15adc"  # the id its pull gave (podman runs no transport with --pull=never)
+    assert settings.launch(7, "docker-archive:/srv/t.tar", "/tmp", [], "v", fake=True)["image"] != "fc47dfa15adc"
+
+
 def test_apptainer_command_and_refusals() -> None:
     run = ContainerRun(module="jupyter_gpujobs.engine.containers.apptainer", image="/shared/t.sif", name="n",
                        devices=[("/dev/nvidia2", "/dev/nvidia2")], mounts=[("/home/u", "/home/u", "rw")],
