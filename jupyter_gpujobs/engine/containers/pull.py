@@ -121,7 +121,8 @@ class Pulls:
             log.exception("gpujobs: the pull of image %s for %s failed", pull.image, key[0] or "the engine's user")
             error = f"{type(err).__name__}: {err}"
         finally:
-            self.running.pop(key, None)
+            if self.running.get(key) is pull:
+                del self.running[key]
         waiting = self._waiting(pull)
         for job_id in pull.jobs:
             self.state.pulling.discard(job_id)
@@ -168,6 +169,7 @@ class Pulls:
                 if reader.done():
                     break
                 if not self._waiting(pull):
+                    self.running.pop(key, None)  # (a job admitted while it stops gets a pull of its own)
                     return "no job waits for it any more"
                 if loop.time() >= deadline:
                     self._line(pull, f"[gpujobs] the pull of {image} is stopped at its time limit")
