@@ -178,6 +178,8 @@ async def test_info_and_doctor_say_what_is_in_force(engine, api) -> None:
     ready = bool(shutil.which("podman"))
     assert info["containers"]["ready"] is ready and info["containers"]["default_image"] == ""
     assert ("podman, rootless as each job's owner" if ready else "podman is not installed") in info["containers"]["text"]
+    if ready:
+        assert info["containers"]["text"].endswith("; missing images pulled as the owner before GPUs (within 1800 s)")
     settings = Containers(runtime="nope", default_image="localhost/site:1")
     described = settings.describe(True, "local")
     assert not described["ready"] and "no container runtime 'nope'" in described["text"]

@@ -284,8 +284,10 @@ class Containers:
         elif runner == "slurm":
             text = f"by Slurm's container support on the nodes; default image {default}; allowed {allowed}"
         else:
+            pulls = (f"missing images pulled as the owner before GPUs (within "
+                     f"{self.pull_timeout_s:g} s)" if self.pull else "no pulls: missing images refused")
             text = f"{self.runtime}, rootless as each job's owner, on its GPUs alone; default image {default}; " \
-                   f"allowed {allowed}"
+                   f"allowed {allowed}; {pulls}"
         return {"ready": not problem, "text": text, "default_image": self.default_image}
 
     def check(self, image: str) -> Runtime:
