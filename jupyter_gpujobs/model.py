@@ -766,6 +766,9 @@ class Job:
     # (10th, 90th percentile) of the runtimes its prediction rests on, at any confidence: the
     # spread that its own and later jobs' expected-start ranges come from (plan_predict.py)
     predicted_runtime_range: tuple[float, float] | None = None
+    # the runtimes its predicted_runtime_s rests on, sorted: a running job past that prediction
+    # is predicted to end at the median of those longer than it has run (plan_predict.py)
+    predicted_runtimes: tuple[float, ...] | None = None
 
     def replace(self, **changes: Any) -> Job:
         return replace(self, **changes)

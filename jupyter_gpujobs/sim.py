@@ -8,7 +8,10 @@ cycle runs, so the cost is one `schedule()` call per distinct event time.
 Modelling choices (the trace has no time limits and no hosts):
 - time limit = the job's duration rounded up to the next "user-typical" limit of
   `LIMIT_STEPS` (15 min, 1 h, 4 h, 12 h, 1 d, 3 d, 7 d, then doubling), the way people pick
-  a round number above what they expect to need; jobs end at their duration, never at the limit;
+  a round number above what they expect to need; jobs end at their duration, never at the limit.
+  That limit tells the runtime within one step, which flatters runtime predictions keyed by it;
+  `limits="drawn"` first multiplies the duration by an overestimate factor drawn independently
+  of it (`drawn_limit`);
 - a job wider than one host is folded onto one host (GPUs = GPUs per host) with its duration
   stretched to keep its GPU-seconds;
 - a preempted job goes back to the queue at once (no grace) and later runs its whole
@@ -29,6 +32,7 @@ from __future__ import annotations
 import csv
 import heapq
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +74,20 @@ def typical_limit(duration: float) -> int:
     while limit < duration:
         limit *= 2
     return limit
+
+
+#: `drawn_limit`: the most a user's time limit overestimates the runtime (before rounding up)
+OVERESTIMATE_MAX = 8.0
+
+
+def drawn_limit(duration: float, job_id: int, seed: int = 0) -> int:
+    """A time limit as users set them, not knowing the runtime: the runtime times an
+    overestimate factor drawn log-uniform in [1, OVERESTIMATE_MAX], independently of the runtime
+    (seeded by the job), rounded up to a `typical_limit`. `typical_limit(duration)` alone tells
+    the runtime within one step (15 min-1 h, 1-4 h, ...), which no user's limit does, and the
+    replay's runtime predictions, keyed by the limit (`_key`), learn it."""
+    factor = OVERESTIMATE_MAX ** random.Random(seed * 1_000_003 + job_id).random()
+    return typical_limit(duration * factor)
 
 
 @dataclass
@@ -196,12 +214,17 @@ def _weight(job: Job, memory_mb: int) -> float:
 
 def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_host: int,
              name: str = "policy", skip_idle: bool = True, min_confidence: float = 0.6,
-             reservations: Sequence[Reservation] = (), memory_mb: int = 0) -> Result:
+             reservations: Sequence[Reservation] = (), memory_mb: int = 0,
+             limits: str = "rounded") -> Result:
     """Replay `trace` on hosts x gpus_per_host GPUs (of `memory_mb` each) under `policy`
     (`skip_idle`: run no cycle where nothing could start; the replay is the same either way,
     only faster). Jobs with a `share` or `gpu_memory` run on part of one GPU. With
     `policy.use_predictions`, a prediction at least `min_confidence` sure sets a job's
-    `predicted_runtime_s`, as the engine's monitor does (`c.GPUJobs.predict_min_confidence`)."""
+    `predicted_runtime_s`, as the engine's monitor does (`c.GPUJobs.predict_min_confidence`).
+    `limits`: how jobs' time limits are made, "rounded" (`typical_limit` of the runtime) or
+    "drawn" (`drawn_limit`: limits that do not tell the runtime's step)."""
+    if limits not in ("rounded", "drawn"):
+        raise ValueError(f"simulate: limits must be 'rounded' or 'drawn', not {limits!r}")
     gpus = cluster(hosts, gpus_per_host, memory_mb=memory_mb)
     card_bytes = {(g.host, g.index): memory_mb << 20 for g in gpus}
     todo = sorted(trace, key=lambda t: (t.submit, t.id))
@@ -211,7 +234,8 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
         g, d = folded(t, gpus_per_host)
         duration[t.id] = d
         jobs[t.id] = Job(id=t.id, user=t.user, gpus=g, gpu_type=t.gpu_type, submitted_at=t.submit,
-                         time_limit_s=typical_limit(d), preemptible=False, group=t.group, share=t.share,
+                         time_limit_s=typical_limit(d) if limits == "rounded" else drawn_limit(d, t.id),
+                         preemptible=False, group=t.group, share=t.share,
                          gpu_memory=t.gpu_memory)
     res = Result(name, len(todo), len(gpus))
     weight = {i: _weight(j, memory_mb) for i, j in jobs.items()}
@@ -369,6 +393,7 @@ def predicted_job(job: Job, p: Prediction, min_confidence: float) -> Job:
     changes: dict[str, object] = {}
     if p.confidence >= min_confidence:
         changes["predicted_runtime_s"] = max(1.0, min(p.seconds, cap))
+        changes["predicted_runtimes"] = tuple(min(r, cap) for r in p.runs_s)
     if p.low_s is not None and p.high_s is not None and p.level != "global":
         changes["predicted_runtime_range"] = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
     return replace(job, **changes)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -45,6 +46,48 @@ def test_a_waiting_jobs_range_comes_from_the_spread_of_the_runtimes_ahead() -> N
     late = [_running(1, "localhost", 0, NOW - 200, 60, (30, 120))]
     plan = schedule(NOW, waiting[:1], late, gpus, Policy())
     assert plan.expected_start == {2: NOW + 60} and plan.expected_range == {2: (NOW, NOW - 200 + 3600)}
+
+
+def test_a_job_running_past_its_prediction_ends_with_the_owners_longer_runs() -> None:
+    # the owner's runs of it took 5, 10 or 15 min or about 3 h (median 10 min); it has run 1 h:
+    # it is one of the 3-h ones, so the job behind it starts at its start + the median of
+    # those (3 h 10 min), not 10 min from now. Past every run: as long again as its prediction
+    gpus = [GPU(0, "g0", "A100")]
+    runs = (300.0, 600.0, 900.0, 10800.0, 12000.0)
+    waiting = [Job(id=2, user="u", gpus=1, submitted_at=NOW - 5, time_limit_s=3600, predicted_runtime_s=60)]
+
+    def running(ran: float) -> list[Job]:
+        return [Job(id=1, user="u", gpus=1, state=JobState.RUNNING, host="localhost", assigned_gpus=(0,),
+                    started_at=NOW - ran, submitted_at=NOW - ran, time_limit_s=4 * 3600,
+                    predicted_runtime_s=600, predicted_runtimes=runs)]
+
+    plan = schedule(NOW, waiting, running(3600), gpus, Policy())
+    assert plan.expected_start == {2: NOW - 3600 + 11400} and plan.predicted == {2}
+    plan = schedule(NOW, waiting, running(200), gpus, Policy())  # not past it: its prediction
+    assert plan.expected_start == {2: NOW - 200 + 600}
+    plan = schedule(NOW, waiting, running(13000), gpus, Policy())
+    assert plan.expected_start == {2: NOW + 600}
+    # on the late line of ranges it ends no earlier than that, even when its owner's 90th
+    # percentile is earlier (2.5 h): the job behind the next one may start as late as 3 h 10 min
+    # + that one's limit
+    spread = [replace(running(3600)[0], predicted_runtime_range=(400.0, 9000.0))]
+    third = Job(id=3, user="u", gpus=1, submitted_at=NOW - 4, time_limit_s=3600, predicted_runtime_s=60)
+    plan = schedule(NOW, [*waiting, third], spread, gpus, Policy())
+    assert plan.expected_start == {2: NOW + 7800, 3: NOW + 7860}
+    assert plan.expected_range == {2: (NOW, NOW + 7800), 3: (NOW + 60, NOW + 7800 + 3600)}
+
+
+def test_a_replays_drawn_time_limits_do_not_tell_the_runtime() -> None:
+    # `typical_limit` of a 20-min job is always 1 h; drawn limits (over 8x at most) range from
+    # 1 h to 4 h for it, the same draws for the same job, and never under the runtime
+    from jupyter_gpujobs.sim import drawn_limit, simulate, typical_limit
+
+    limits = [drawn_limit(1200, jid) for jid in range(200)]
+    assert set(limits) == {3600, 4 * 3600} and typical_limit(1200) == 3600
+    assert limits == [drawn_limit(1200, jid) for jid in range(200)]
+    assert all(drawn_limit(d, 7) >= d for d in (1, 899, 901, 86400, 10**6))
+    with pytest.raises(ValueError, match="limits must be 'rounded' or 'drawn'"):
+        simulate([], Policy(), 1, 1, limits="exact")
 
 
 def test_a_wide_job_ahead_keeps_only_the_gpus_it_starts_on_from_the_jobs_behind() -> None:

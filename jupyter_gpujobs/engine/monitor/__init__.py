@@ -216,6 +216,7 @@ class Monitor:
         cap = float(job.time_limit_s) if job.time_limit_s else float("inf")
         if p.seconds is not None and p.confidence >= self.settings.predict_min_confidence:
             job.predicted_runtime_s = max(1.0, min(p.seconds, cap))
+            job.predicted_runtimes = tuple(min(r, cap) for r in p.runs_s)
         if p.low_s is not None and p.high_s is not None and p.level != "global":  # the owner's spread (ranges)
             job.predicted_runtime_range = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
         return p

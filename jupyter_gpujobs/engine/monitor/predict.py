@@ -40,6 +40,7 @@ class Prediction:
     upper_s: float | None = None  # the longest of those runs: a cautious bound for backfill
     low_s: float | None = None  # their 10th percentile ...
     high_s: float | None = None  # ... and 90th: the spread that expected-start ranges come from
+    runs_s: tuple[float, ...] = ()  # those runs, sorted (a running job's rest: plan_predict.py)
 
 
 _NUMBER = re.compile(r"\d+")
@@ -119,7 +120,8 @@ class RuntimePredictor:
             confidence = LEVEL_WEIGHT[level] * count_factor * spread_factor
             values.sort()
             return Prediction(seconds=mid, confidence=round(confidence, 3), level=level, runs=len(values),
-                              upper_s=values[-1], low_s=_quantile(values, 0.1), high_s=_quantile(values, 0.9))
+                              upper_s=values[-1], low_s=_quantile(values, 0.1), high_s=_quantile(values, 0.9),
+                              runs_s=tuple(values))
         return Prediction(seconds=None, confidence=0.0, level="none", runs=0)
 
 
