@@ -5,9 +5,8 @@ quotas that would never let it start, dependencies, the working directory (`~` i
 user's home; the folder is looked at as them: `check_cwd`) and the Unix user it runs as,
 limits this machine can enforce, a notebook's payload, its image: there for its user or one a
 pull can fetch, `containers.pull.Pulls` then fetching it before the job may take GPUs), the
-group commit of the submissions
-of one event-loop turn (`submit`, `store_submissions`) and the burst timer that gives a burst
-of submissions one scheduling cycle once it pauses.
+group commit of the submissions of one event-loop turn (`submit`, `store_submissions`) and the
+burst timer that gives a burst of submissions one scheduling cycle once it pauses.
 
 It may call the store, `access.Access` (where a user's paths start), `inventory.Inventory`
 (the GPUs, the limits enforceable), `rules.Rules` (the policy in force), `events.Events`
@@ -21,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..model import InvalidInput, Job, validate_submission
 from ..notebook.notebooks import check_notebook_files
 from .access import Access
 from .containers import ImageProblem
-from .containers.present import as_owner, check_present
+from .containers.present import CHECK_TIMEOUT_S, as_owner, check_present
 from .containers.pull import Pulls
 from .events import Events
 from .inventory import Inventory
@@ -313,7 +313,15 @@ async def _check_readable(path: str, unix_user: str | None, image: str) -> None:
         "test", "-r", path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True,
         **as_owner(unix_user))  # type: ignore[arg-type]
-    if await proc.wait() != 0:
+    try:
+        code = await asyncio.wait_for(proc.wait(), CHECK_TIMEOUT_S)
+    except asyncio.TimeoutError:  # (a hung network mount)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise ImageProblem(f"image {image}: {path} gave no answer within {CHECK_TIMEOUT_S:g} s") from None
+    if code != 0:
         raise ImageProblem(f"image {image}: no file or folder {path} that {unix_user or _engine_user()} may read")
 
 
