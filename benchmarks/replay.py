@@ -50,7 +50,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jupyter_gpujobs.model import Policy  # noqa: E402
-from jupyter_gpujobs.sim import GREEDY, POLICIES, TraceJob, contention_cluster, folded, read_trace, simulate  # noqa: E402
+from jupyter_gpujobs.sim import (  # noqa: E402
+    GREEDY,
+    POLICIES,
+    TraceJob,
+    contention_cluster,
+    folded,
+    percentile,
+    read_trace,
+    simulate,
+)
 
 GPUS_PER_HOST = 8
 NAMES = ("fifo", "fifo+backfill", "default")
@@ -107,16 +116,6 @@ def workloads(folder: Path, limit: int | None, seeds: list[int], mix_jobs: int) 
 
 # -- figures --------------------------------------------------------------------------------
 
-def pct(values: list[float], p: float) -> float:
-    """Percentile with linear interpolation (as `sim`) of sorted `values`."""
-    if not values:
-        return 0.0
-    pos = (len(values) - 1) * p / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
 def summary(jobs: list[TraceJob], wait: dict[int, float]) -> dict[str, float]:
     """Wait, JCT and slowdown figures of `jobs` (those that started) from their waits."""
     w: list[float] = []
@@ -134,7 +133,8 @@ def summary(jobs: list[TraceJob], wait: dict[int, float]) -> dict[str, float]:
         per_user.setdefault(j.user, []).append(x)
     n = max(1, len(w))
     w.sort()
-    return {"mean_wait": sum(w) / n, "p50_wait": pct(w, 50), "p90_wait": pct(w, 90), "p99_wait": pct(w, 99),
+    return {"mean_wait": sum(w) / n, "p50_wait": percentile(w, 50), "p90_wait": percentile(w, 90),
+            "p99_wait": percentile(w, 99),
             "max_wait": w[-1] if w else 0.0, "mean_jct": sum(jct) / n, "mean_bsld": sum(bsld) / n,
             "worst_user_wait": max((sum(v) / len(v) for v in per_user.values()), default=0.0)}
 
@@ -226,7 +226,7 @@ def report(w: Workload, load: float, hosts: int, metrics: dict[str, dict[str, fl
 
 def print_tail(jobs: list[TraceJob], wait: dict[int, float], base: dict[int, float]) -> None:
     """The default's tail: jobs at or above its p99 wait, and what passed them."""
-    cut = pct(sorted(wait.values()), 99)
+    cut = percentile(sorted(wait.values()), 99)
     tail = [j for j in jobs if wait.get(j.id, -1.0) >= cut and wait[j.id] > 0]
     if not tail:
         print("default's tail: none (its p99 wait is 0)")
@@ -250,8 +250,8 @@ def print_tail(jobs: list[TraceJob], wait: dict[int, float], base: dict[int, flo
     print(f"default's tail: {len(tail)} jobs waited >= {cut:.0f} s (p99); GPUs "
           + ", ".join(f"{k}: {v}" for k, v in sorted(sizes.items())) + "; users "
           + ", ".join(f"{u} {n} ({used[u] / total:.0%} of GPU-time)" for u, n in users)
-          + f"; their fifo+backfill wait median {pct(fb, 50):.0f} s, max {fb[-1] if fb else 0:.0f} s")
-    print(f"  passed by (submitted later, started earlier): median {pct(sorted(counts), 50):.0f} jobs each; sizes "
+          + f"; their fifo+backfill wait median {percentile(fb, 50):.0f} s, max {fb[-1] if fb else 0:.0f} s")
+    print(f"  passed by (submitted later, started earlier): median {percentile(sorted(counts), 50):.0f} jobs each; sizes "
           + ", ".join(f"{k}: {v}" for k, v in sorted(passers.items())) + "; by "
           + ", ".join(f"{u} {n}" for u, n in passer_users.most_common(4)))
 

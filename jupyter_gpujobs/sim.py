@@ -166,8 +166,8 @@ class Result:
         jain = (sum(per_user_sd) ** 2 / (len(per_user_sd) * sum(x * x for x in per_user_sd))) if per_user_sd else 1.0
         return {
             "mean_wait": sum(w) / len(w),
-            "p50_wait": _pct(w, 50),
-            "p99_wait": _pct(w, 99),
+            "p50_wait": percentile(w, 50),
+            "p99_wait": percentile(w, 99),
             "mean_jct": sum(self.jct) / len(self.jct),
             "mean_bsld": sum(self.slowdown) / len(self.slowdown),
             "utilization": self.busy_gpu_s / (self.gpus * span),
@@ -193,7 +193,8 @@ class Result:
         return {u: sum(x[0] for x in v) / len(v) for u, v in self.users.items()}
 
 
-def _pct(sorted_values: Sequence[float], p: float) -> float:
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The `p`th percentile (0-100) of sorted values, with linear interpolation (0 when empty)."""
     if not sorted_values:
         return 0.0
     pos = (len(sorted_values) - 1) * p / 100.0

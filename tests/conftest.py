@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,17 @@ def api(jp_fetch: Callable[..., Any], engine: Any) -> Callable[..., Any]:
         return r.code, json.loads(r.body or b"null")
 
     return call
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder every test user can enter and write, sticky as /tmp (pytest's tmp_path is
+    root's alone), for tests of jobs run as real Unix users."""
+    path = Path(f"/tmp/gpujobs-open-{os.getpid()}-{time.monotonic_ns()}")
+    path.mkdir(mode=0o1777)
+    os.chmod(path, 0o1777)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 @pytest.fixture

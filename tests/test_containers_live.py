@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +50,6 @@ def _missing() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    path = Path(f"/tmp/gpujobs-containers-{os.getpid()}-{time.monotonic_ns()}")
-    path.mkdir()
-    os.chmod(path, 0o1777)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def _server(live_server: Any, **config: Any) -> Any:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +22,6 @@ from test_containers_live import ENDED, IMAGE, TOKENS, U1, _as_u1, _missing
 from jupyter_gpujobs.client import GPUJobsClient, GPUJobsError
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    path = Path(f"/tmp/gpujobs-pull-{os.getpid()}-{time.monotonic_ns()}")
-    path.mkdir()
-    os.chmod(path, 0o1777)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def _server(live_server: Any, **config: Any) -> Any:

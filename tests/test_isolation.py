@@ -41,16 +41,6 @@ def runner(tmp_path: Path) -> Iterator[LocalRunner]:
 
 
 @pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A folder every test user can enter and write (pytest's tmp_path is root's alone)."""
-    path = Path(f"/tmp/gpujobs-isolation-{os.getpid()}-{time.monotonic_ns()}")
-    path.mkdir(mode=0o1777)
-    os.chmod(path, 0o1777)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
-@pytest.fixture
 def gpus(open_dir: Path) -> FakeBackend:
     return FakeBackend(parse_fake_gpus("4xA100"), device_dir=str(open_dir / "dev"))
 

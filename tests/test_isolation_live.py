@@ -12,7 +12,6 @@ import os
 import pwd
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (users, cg
 @pytest.fixture(scope="module", autouse=True)
 def users() -> None:
     subprocess.run([str(ROOT / "scripts" / "install-multiuser.sh"), "--users"], check=True)
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    path = Path(f"/tmp/gpujobs-live-{os.getpid()}-{time.monotonic_ns()}")
-    path.mkdir()
-    os.chmod(path, 0o1777)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def _two_user_server(live_server: Any, **config: Any) -> Any:
