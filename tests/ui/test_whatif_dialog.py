@@ -9,12 +9,15 @@ import shutil
 from typing import Any
 
 import pytest
-from labtools import REPO, Lab, open_panel, run_command, screenshot, sleeper, wait_for
+from labtools import REPO, Lab, open_lab, open_panel, run_command, screenshot, sleeper, wait_for
 
 pytestmark = [pytest.mark.ui, pytest.mark.usefixtures("idle_engine")]
 
 
 def test_when_would_it_start_in_the_submit_dialog(page: Any, lab: Lab, client: Any) -> None:
+    # a workspace of its own: notebooks earlier tests left open in the default one come back
+    # there with a "Select Kernel" dialog over the file browser
+    open_lab(page, lab.url, workspace="whatif-dialog")
     whole = client.submit(sleeper(600), gpus=1, time_limit="30m", name="holder")
     share = client.submit(sleeper(600), gpus=0.5, time_limit="20m", name="sharer")
     for job in (whole, share):
