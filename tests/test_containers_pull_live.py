@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,14 @@ def _pull_trees(image: str) -> list[int]:
     return sorted(p.pid for p in pulls if p.ppid() not in pids)
 
 
-def _silent_registry() -> tuple[socket.socket, str]:
-    """A registry on this machine that never answers (the pull lasts), and an image of it."""
+@pytest.fixture
+def slow_image() -> Iterator[str]:
+    """An image of a registry on this machine that never answers (its pull lasts)."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
-    return silent, f"127.0.0.1:{silent.getsockname()[1]}/gpujobs/slow:1"
+    yield f"127.0.0.1:{silent.getsockname()[1]}/gpujobs/slow:1"
+    silent.close()
 
 
 def _wait(condition: Any, what: str, timeout: float = 60) -> None:
@@ -94,62 +97,56 @@ def test_image_from_an_archive_is_pulled_as_the_owner_then_the_job_runs_in_it(li
         _as_u1("podman", "rmi", "--force", tag)
 
 
-def test_a_pulling_job_holds_no_gpu_and_its_cancel_stops_the_pull(live_server: Any, open_dir: Path) -> None:
-    silent, image = _silent_registry()
-    try:
-        server = _server(live_server)
-        u1 = GPUJobsClient(url=server.url, token="tok-u1")
-        pulled = u1.submit(["/bin/true"], gpus=2, cwd=str(open_dir), time_limit="1m", image=image)
-        wait_job(u1, pulled["id"], lambda j: (j["reason"] or "").startswith("pulling image") or j["state"] != "PENDING",
-                 timeout=30)
-        _wait(lambda: _pull_trees(image), "no podman pull of the image as its owner")
-        seen = u1.job(pulled["id"])
-        assert seen["state"] == "PENDING" and seen["reason"].startswith(f"pulling image {image}"), seen
-        # a second job of the same user in the same image waits for the same pull
-        second = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
-        assert u1.job(second["id"])["reason"].startswith(f"pulling image {image}")
-        assert len(_pull_trees(image)) == 1, _pull_trees(image)
-        # a job that depends on a pulling one waits for it (the scheduler sees it held, not gone)
-        after = u1.submit(["/bin/true"], gpus=0, cwd=str(open_dir), time_limit="1m", depends=f"afterok:{pulled['id']}")
-        waits = wait_job(u1, after["id"], lambda j: j["state"] != "PENDING" or "waiting for job" in (j["reason"] or ""),
-                         timeout=30)
-        assert waits["state"] == "PENDING" and waits["reason"] == f"waiting for job {pulled['id']} (afterok)", waits
-        # both GPUs are free while it pulls: a 2-GPU job without an image starts past it
-        other = u1.submit(["/bin/sh", "-c", "sleep 30"], gpus=2, cwd=str(open_dir), time_limit="1m")
-        running = wait_job(u1, other["id"], ("RUNNING",) + ENDED, timeout=30)
-        assert running["state"] == "RUNNING", running["reason"]
-        assert u1.job(pulled["id"])["state"] == "PENDING"
-        # the cancel of one job leaves the pull to the other; the cancel of both stops it
-        pids = _pull_trees(image)
-        assert u1.cancel(pulled["id"])["state"] == "CANCELLED"
-        wait_job(u1, after["id"], ENDED, timeout=30)  # (its dependent is cancelled with it)
-        time.sleep(1.5)  # (three of the engine's looks at whether a job still waits: it must go on)
-        assert _pull_trees(image) == pids and u1.job(second["id"])["state"] == "PENDING"
-        assert u1.cancel(second["id"])["state"] == "CANCELLED"
-        _wait(lambda: not _pulls_of(image), "the pull still runs after its jobs' cancel", timeout=30)
-        u1.cancel(other["id"])
-    finally:
-        silent.close()
+def test_a_pulling_job_holds_no_gpu_and_its_cancel_stops_the_pull(live_server: Any, open_dir: Path, slow_image: str) -> None:
+    image = slow_image
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    pulled = u1.submit(["/bin/true"], gpus=2, cwd=str(open_dir), time_limit="1m", image=image)
+    wait_job(u1, pulled["id"], lambda j: (j["reason"] or "").startswith("pulling image") or j["state"] != "PENDING",
+             timeout=30)
+    _wait(lambda: _pull_trees(image), "no podman pull of the image as its owner")
+    seen = u1.job(pulled["id"])
+    assert seen["state"] == "PENDING" and seen["reason"].startswith(f"pulling image {image}"), seen
+    # a second job of the same user in the same image waits for the same pull
+    second = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
+    assert u1.job(second["id"])["reason"].startswith(f"pulling image {image}")
+    assert len(_pull_trees(image)) == 1, _pull_trees(image)
+    # a job that depends on a pulling one waits for it (the scheduler sees it held, not gone)
+    after = u1.submit(["/bin/true"], gpus=0, cwd=str(open_dir), time_limit="1m", depends=f"afterok:{pulled['id']}")
+    waits = wait_job(u1, after["id"], lambda j: j["state"] != "PENDING" or "waiting for job" in (j["reason"] or ""),
+                     timeout=30)
+    assert waits["state"] == "PENDING" and waits["reason"] == f"waiting for job {pulled['id']} (afterok)", waits
+    # both GPUs are free while it pulls: a 2-GPU job without an image starts past it
+    other = u1.submit(["/bin/sh", "-c", "sleep 30"], gpus=2, cwd=str(open_dir), time_limit="1m")
+    running = wait_job(u1, other["id"], ("RUNNING",) + ENDED, timeout=30)
+    assert running["state"] == "RUNNING", running["reason"]
+    assert u1.job(pulled["id"])["state"] == "PENDING"
+    # the cancel of one job leaves the pull to the other; the cancel of both stops it
+    pids = _pull_trees(image)
+    assert u1.cancel(pulled["id"])["state"] == "CANCELLED"
+    wait_job(u1, after["id"], ENDED, timeout=30)  # (its dependent is cancelled with it)
+    time.sleep(1.5)  # (three of the engine's looks at whether a job still waits: it must go on)
+    assert _pull_trees(image) == pids and u1.job(second["id"])["state"] == "PENDING"
+    assert u1.cancel(second["id"])["state"] == "CANCELLED"
+    _wait(lambda: not _pulls_of(image), "the pull still runs after its jobs' cancel", timeout=30)
+    u1.cancel(other["id"])
 
 
-def test_an_engine_restart_during_a_pull_pulls_again(live_server: Any, open_dir: Path) -> None:
-    silent, image = _silent_registry()
-    try:
-        server = _server(live_server)
-        u1 = GPUJobsClient(url=server.url, token="tok-u1")
-        job = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
-        _wait(lambda: _pull_trees(image), "no podman pull of the image as its owner")
-        server.stop()
-        _wait(lambda: not _pulls_of(image), "the pull outlived its engine", timeout=30)  # stopped with it
-        server.start()
-        u1 = GPUJobsClient(url=server.url, token="tok-u1")
-        _wait(lambda: _pull_trees(image), "no pull again after the restart")
-        seen = u1.job(job["id"])
-        assert seen["state"] == "PENDING" and seen["reason"].startswith(f"pulling image {image}"), seen
-        u1.cancel(job["id"])
-        _wait(lambda: not _pulls_of(image), "the pull still runs after its job's cancel", timeout=30)
-    finally:
-        silent.close()
+def test_an_engine_restart_during_a_pull_pulls_again(live_server: Any, open_dir: Path, slow_image: str) -> None:
+    image = slow_image
+    server = _server(live_server)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    job = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
+    _wait(lambda: _pull_trees(image), "no podman pull of the image as its owner")
+    server.stop()
+    _wait(lambda: not _pulls_of(image), "the pull outlived its engine", timeout=30)  # stopped with it
+    server.start()
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    _wait(lambda: _pull_trees(image), "no pull again after the restart")
+    seen = u1.job(job["id"])
+    assert seen["state"] == "PENDING" and seen["reason"].startswith(f"pulling image {image}"), seen
+    u1.cancel(job["id"])
+    _wait(lambda: not _pulls_of(image), "the pull still runs after its job's cancel", timeout=30)
 
 
 def test_a_failed_pull_ends_the_job_failed_naming_the_image(live_server: Any, open_dir: Path) -> None:
@@ -167,19 +164,16 @@ def test_a_failed_pull_ends_the_job_failed_naming_the_image(live_server: Any, op
     assert "Error:" in u1.log(job["id"])["data"]
 
 
-def test_a_pull_past_its_time_limit_ends_the_job_failed(live_server: Any, open_dir: Path) -> None:
-    silent, image = _silent_registry()
-    try:
-        server = _server(live_server, container_pull_timeout=2)
-        u1 = GPUJobsClient(url=server.url, token="tok-u1")
-        job = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
-        done = wait_job(u1, job["id"], ENDED, timeout=60)
-        assert done["state"] == "FAILED", done
-        assert done["reason"] == (f"image {image}: the pull gave no image within 2s "
-                                  "(c.GPUJobs.container_pull_timeout)"), done["reason"]
-        _wait(lambda: not _pulls_of(image), "the pull still runs past its time limit", timeout=30)
-    finally:
-        silent.close()
+def test_a_pull_past_its_time_limit_ends_the_job_failed(live_server: Any, open_dir: Path, slow_image: str) -> None:
+    image = slow_image
+    server = _server(live_server, container_pull_timeout=2)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    job = u1.submit(["/bin/true"], gpus=1, cwd=str(open_dir), time_limit="1m", image=image)
+    done = wait_job(u1, job["id"], ENDED, timeout=60)
+    assert done["state"] == "FAILED", done
+    assert done["reason"] == (f"image {image}: the pull gave no image within 2s "
+                              "(c.GPUJobs.container_pull_timeout)"), done["reason"]
+    _wait(lambda: not _pulls_of(image), "the pull still runs past its time limit", timeout=30)
 
 
 def test_a_reference_no_pull_can_fetch_is_refused_at_submit(live_server: Any, open_dir: Path) -> None:
