@@ -16,7 +16,8 @@ Modelling choices (the trace has no time limits and no hosts):
   stretched to keep its GPU-seconds;
 - a preempted job goes back to the queue at once (no grace) and later runs its whole
   duration again; its preemptor has a `Claim` in the next cycle, as on a server;
-- fair-share usage is updated with `decay_and_add` before every cycle, as the service does;
+- fair-share usage is updated with `decay_and_add` at every event time, before the jobs that
+  end then leave (their last stretch counts), as the service does before every cycle;
 - with `policy.use_predictions`, each job's `predicted_runtime_s` (and the spread behind it,
   `predicted_runtime_range`) comes from the engine's `RuntimePredictor` (key: user, and as
   the signature GPUs + time limit), fed with the runs that ended before its submit
@@ -285,6 +286,9 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             b += 1
             crossed = True
         fresh: list[int] = []
+        # charged before the jobs that end now leave `running`: their last stretch counts too
+        usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s, card_bytes)
+        last_t = now
         while ends and ends[0][0] <= now:
             _, jid, run = heapq.heappop(ends)
             if runs.get(jid) != run or jid not in running:
@@ -306,8 +310,6 @@ def simulate(trace: Iterable[TraceJob], policy: Policy, hosts: int, gpus_per_hos
             sizes[size] = sizes.get(size, 0) + 1
             fresh.append(jid)
             i += 1
-        usage = decay_and_add(usage, running.values(), now - last_t, policy.fairshare_half_life_s, card_bytes)
-        last_t = now
         if not pending:
             continue
         if skip_idle and not fresh and not crossed and not may_preempt and min(sizes) > max(free_on.values()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from jupyter_gpujobs.sim import POLICIES, read_trace, simulate, typical_limit
+from jupyter_gpujobs.sim import POLICIES, TraceJob, read_trace, simulate, typical_limit
 
 
 def test_replay_metrics_are_consistent(tmp_path: Path) -> None:
@@ -106,3 +106,15 @@ def test_a_learned_reservation_saves_its_holders_wait() -> None:
     assert all(after.job_waits[j] == 0 for j in later)
     assert all(after.job_waits[j] == before.job_waits[j] for j in holders[:3])
     assert len(after.job_waits) == len(trace)  # everyone else still ran
+
+
+def test_a_job_that_ends_is_charged_to_fair_share_up_to_its_end() -> None:
+    """light runs 300 s; then heavy runs 1,000 s alone, with no other event in between; when it
+    ends each asks for both GPUs. heavy has used more, so light goes first. (The replay once
+    charged usage only after taking the jobs that end out: heavy's 1,000 s were never counted,
+    it looked the lighter user, and went first.)"""
+    trace = [TraceJob(1, "light", 0.0, 300.0, 1), TraceJob(2, "other", 299.0, 1.0, 1),
+             TraceJob(3, "heavy", 300.0, 1000.0, 1),
+             TraceJob(4, "heavy", 1300.0, 100.0, 2), TraceJob(5, "light", 1300.0, 100.0, 2)]
+    res = simulate(trace, POLICIES["default"], hosts=1, gpus_per_host=2)
+    assert res.job_waits[5] == 0 and res.job_waits[4] == 100
