@@ -814,7 +814,7 @@ class Policy:
     weight_size: float = 0.25
     age_saturation_s: float = 7 * 86400  # the wait that makes the age factor 1 (it grows on past it)
     age_max: float | None = None  # cap of the age factor (1.0: Slurm's PriorityMaxAge); None: no cap
-    # the oldest job of each class and GPU count that waited its time limit goes first (docs/scheduling.md)
+    # every job that waited its time limit goes first in its class, oldest first (docs/scheduling.md)
     oldest_first: bool = True
     fairshare_half_life_s: float = 7 * 86400
     fairshare: bool = True

@@ -5,7 +5,8 @@ Multifactor score = weight_age * age + weight_fairshare * fair-share + weight_cl
 (so no job waits for ever behind fair-share), the others in [0, 1]: fair-share from
 `fairshare.py`, class = rank / 3 (low 0 .. urgent 1), size = GPUs / GPUs of the largest host.
 With `policy.strict_classes` (default) the class is also a strict tier: a higher class is
-always ahead. With `policy.oldest_first` the due jobs go first in their tier (`QueueOrder`).
+always ahead. With `policy.oldest_first` every job that has waited at least its own time limit
+is due: the due jobs go first in their tier, oldest first (`QueueOrder`).
 Ties go to the older job, then the lower id (FIFO).
 
 May call: fairshare.py and the model; pure (no I/O, no clock).
@@ -67,28 +68,26 @@ class QueueOrder:
     pending and puts new ones (and requeued ones) where the same calculation puts them.
     Immutable: `arrange` returns the order it used without changing this one.
 
-    With `Policy.oldest_first`, the oldest job of each class tier and GPU count that has
-    waited at least its time limit is due: it goes first in its tier (the due ones oldest
-    first), so it is placed, and booked on the time line, before anything fair-share or size
-    puts ahead of it; backfill keeps to that booking. One job per GPU count, so a heavy user's
-    wide job is not passed for ever by lighter users' narrow ones, and fair-share still orders
-    everything else."""
+    With `Policy.oldest_first`, every job that has waited at least its own time limit is due:
+    the due jobs go first in their tier, oldest first, so each is placed, and booked on the
+    time line, before anything fair-share or size puts ahead of it, and backfill keeps to
+    those bookings. Fair-share orders the jobs that have waited less than they asked to run;
+    past that, first come, first served, as with FIFO and backfill: a heavy user's jobs are
+    not passed for ever by lighter users' newer ones. Whether a job is due depends on the job
+    and the time only, so a kept order stays valid as jobs come and go; a job that becomes
+    due while an order is kept moves up at the next calculation, as its age does."""
 
-    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "oldest", "due", "_ids", "_top", "_tables")
+    __slots__ = ("keys", "cids", "classes", "const", "calc", "fs", "_ids", "_top", "_tables")
 
     def __init__(self, keys: list[Key], cids: list[int], classes: dict[tuple[object, ...], int],
                  const: list[float], calc: _Calc, fs: tuple[dict[str, float], dict[str, float]],
-                 ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None,  # type: ignore[type-arg]
-                 oldest: tuple[dict[tuple[int, int], tuple[float, int]], set[tuple[int, int]]] | None = None):
+                 ids: list[int] | None = None, shared: tuple[int, dict[str, list]] | None = None):  # type: ignore[type-arg]
         self.keys = keys  # sorted
         self.cids = cids  # the class number of each key's job
         self.classes = classes  # job_class -> class number
         self.const = const  # class number -> everything in -(key) but age and the tier
         self.calc = calc
         self.fs = fs  # fair-share factors per user and per group
-        # (tier, GPUs) -> (submit time, id) of the oldest job of the queue with them, and the
-        # (tier, GPUs) whose oldest job is due (`_due`; its key's score is -inf)
-        self.oldest, self.due = ({}, set()) if oldest is None else oldest
         self._ids = ids  # each key's job id, when known
         self._top: int | None = None  # the highest of them, when known
         # `per_class` tables of the calculation's classes (how many, and the tables), shared by
@@ -123,28 +122,13 @@ class QueueOrder:
         # (tier, score key, submit time, id, position): ids are unique, so the position is never compared
         keys = [(tiers[c], age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
                 for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
-        if policy.oldest_first:
-            kinds = list(classes)
-            oldest: dict[tuple[int, int], tuple[float, int, int]] = {}
-            for t, _, s, i, n in keys:
-                g = (t, kinds[cids[n]][3])
-                o = oldest.get(g)
-                if o is None or (s, i) < o[:2]:
-                    oldest[g] = (s, i, n)
-            for g, (s, i, n) in oldest.items():
-                order.oldest[g] = (s, i)
-                if order._due(s, kinds[cids[n]]):
-                    keys[n] = (keys[n][0], -math.inf, s, i, n)
-                    order.due.add(g)
+        if policy.oldest_first:  # the due jobs' score is -inf: first in their tier, oldest first
+            due_at = [now - (c[5] or calc.default_limit) for c in classes]  # type: ignore[operator]
+            keys = [(t, -math.inf, s, i, n) if s <= due_at[cids[n]] else (t, k, s, i, n) for t, k, s, i, n in keys]
         keys.sort()
         order.cids = [cids[k[4]] for k in keys]
         order.keys = [k[:4] for k in keys]
         return order
-
-    def _due(self, submitted: float, c: tuple[object, ...]) -> bool:
-        """Whether a job of class `c` submitted then has waited at least its time limit."""
-        limit = c[5] or self.calc.default_limit
-        return self.calc.now - submitted >= limit  # type: ignore[operator]
 
     def tiers(self) -> list[int]:
         """The tier key of each class number: -(class rank) when classes are strict tiers."""
@@ -178,6 +162,8 @@ class QueueOrder:
             self.const.append(self._const(c))
         s = j.submitted_at
         tier = -PRIORITY_RANK.get(j.priority, 1) if self.calc.strict else 0  # type: ignore[call-overload]
+        if self.calc.oldest_first and now - s >= (j.time_limit_s or self.calc.default_limit):
+            return (tier, -math.inf, s, j.id), cid  # due (a requeued job keeps its submit time)
         return (tier, age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
     def class_keys(self) -> list[tuple[object, ...]]:
@@ -215,15 +201,10 @@ class QueueOrder:
                 ) -> tuple[list[Job], list[int], QueueOrder] | None:
         """`jobs` in this order with their class numbers: the ones it holds where they were,
         the others (new or requeued since) where it would have put them; and the order kept
-        for the next cycle. None if one of them has a user or group it cannot place, or if
-        which jobs are due (`Policy.oldest_first`) may have changed: the oldest job of a tier
-        and GPU count left, or one that arrived is older than it and is due or takes the place
-        of a due one.
+        for the next cycle. None if one of them has a user or group it cannot place.
         `by_id`: the jobs by id, when the caller has them so."""
         if by_id is None:
             by_id = dict(zip(map(_id, jobs), jobs))
-        if self.oldest and not all(i in by_id for _, i in self.oldest.values()):
-            return None
         keys, cids, ids = self.keys, self.cids, self.ids()
         top = self._highest()
         ordered = list(map(by_id.get, ids))
@@ -239,18 +220,9 @@ class QueueOrder:
             new = above if len(above) == len(by_id) - len(ids) else sorted(by_id.keys() - set(ids))
             keys, cids, ids = list(keys), list(cids), list(ids)
             classes, const = dict(self.classes), list(self.const)
-            first = dict(self.oldest) if self.calc.oldest_first else None
-            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables,
-                               None if first is None else (first, self.due))
+            order = QueueOrder(keys, cids, classes, const, self.calc, self.fs, ids, self._tables)
             for i in new:
                 j = by_id[i]
-                if first is not None:
-                    g = (-PRIORITY_RANK.get(j.priority, 1) if self.calc.strict else 0, j.gpus)  # type: ignore[call-overload]
-                    o = first.get(g)
-                    if o is None or (j.submitted_at, i) < o:  # the oldest of its kind now
-                        if g in self.due or self._due(j.submitted_at, job_class(j)):
-                            return None
-                        first[g] = (j.submitted_at, i)
                 placed = order.key(j)
                 if placed is None:
                     return None
@@ -262,8 +234,7 @@ class QueueOrder:
                 ordered.insert(at, j)
             order._top = max(top, new[-1])
         else:
-            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables,
-                               (self.oldest, self.due))
+            order = QueueOrder(keys, cids, self.classes, self.const, self.calc, self.fs, ids, self._tables)
             order._top = top
         return ordered, cids, order
 
