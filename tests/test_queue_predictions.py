@@ -77,6 +77,30 @@ def test_a_job_running_past_its_prediction_ends_with_the_owners_longer_runs() ->
     assert plan.expected_range == {2: (NOW, NOW + 7800), 3: (NOW + 60, NOW + 7800 + 3600)}
 
 
+def test_a_job_whose_owners_runs_spread_is_predicted_and_ends_with_the_longer_ones() -> None:
+    # the owner's runs of it took about a minute or 1-2 h: their median lies between, but the
+    # prediction is as sure as a steady history's, so a job of it that has run 30 min ends with
+    # the long runs (the median of those longer than 30 min), not at its time limit (4 h). When
+    # the spread made the prediction unconfident, the job behind it was told 4 h
+    from jupyter_gpujobs.engine.monitor.predict import RuntimePredictor
+    from jupyter_gpujobs.sim import predicted_job
+
+    predictor = RuntimePredictor()
+    for runtime in (50.0, 60.0, 70.0, 3600.0, 4800.0, 6000.0, 7200.0):
+        predictor.add(("u", "train", ""), runtime)
+    p = predictor.predict(("u", "train", ""))
+    assert p.seconds == 3600.0 and p.confidence >= 0.6
+    base = Job(id=1, user="u", gpus=1, state=JobState.RUNNING, host="localhost", assigned_gpus=(0,),
+               started_at=NOW - 1800, submitted_at=NOW - 1800, time_limit_s=4 * 3600)
+    running = predicted_job(base, p, min_confidence=0.6)
+    assert running.predicted_runtime_s == 3600.0 and running.predicted_runtimes == p.runs_s
+    waiting = [Job(id=2, user="v", gpus=1, submitted_at=NOW - 5, time_limit_s=3600)]
+    plan = schedule(NOW, waiting, [running], [GPU(0, "g0", "A100")], Policy())
+    assert plan.expected_start == {2: NOW - 1800 + 3600} and plan.predicted == {2}
+    plan = schedule(NOW, waiting, [replace(running, started_at=NOW - 4000)], [GPU(0, "g0", "A100")], Policy())
+    assert plan.expected_start == {2: NOW - 4000 + 6000}  # past its prediction: the median of 4800-7200 s
+
+
 def test_a_replays_drawn_time_limits_do_not_tell_the_runtime() -> None:
     # `typical_limit` of a 20-min job is always 1 h; drawn limits (over 8x at most) range from
     # 1 h to 4 h for it, the same draws for the same job, and never under the runtime
