@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from itertools import compress, islice
 from operator import attrgetter, itemgetter
 from typing import NamedTuple, TypeVar
@@ -26,12 +26,6 @@ from .fairshare import Usage, fairshare_factors
 
 _submitted = attrgetter("submitted_at")
 _id = attrgetter("id")
-
-
-def order_pending(now: float, jobs: Sequence[Job], policy: Policy, usage: Usage,
-                  largest_host: int) -> list[Job]:
-    """Pending jobs, first to be considered first."""
-    return QueueOrder.compute(now, jobs, policy, usage, largest_host).arrange(jobs)[0]  # type: ignore[index]
 
 
 #: What the planner decides a waiting job by, its id and submit time aside: two jobs of one
@@ -123,7 +117,7 @@ class QueueOrder:
         keys = [(tiers[c], age_k * ((lo if s < lo else (now if s > now else s)) - now) - const[c], s, i, n)
                 for n, (s, i, c) in enumerate(zip(map(_submitted, jobs), map(_id, jobs), cids))]
         if policy.oldest_first:  # the due jobs' score is -inf: first in their tier, oldest first
-            due_at = [now - (c[5] or calc.default_limit) for c in classes]  # type: ignore[operator]
+            due_at = list(map(order._due_at, classes))
             keys = [(t, -math.inf, s, i, n) if s <= due_at[cids[n]] else (t, k, s, i, n) for t, k, s, i, n in keys]
         keys.sort()
         order.cids = [cids[k[4]] for k in keys]
@@ -131,10 +125,17 @@ class QueueOrder:
         return order
 
     def tiers(self) -> list[int]:
-        """The tier key of each class number: -(class rank) when classes are strict tiers."""
-        if not self.calc.strict:
-            return [0] * len(self.classes)
-        return [-PRIORITY_RANK.get(c[0], 1) for c in self.classes]  # type: ignore[call-overload]
+        """The tier key of each class number (`_tier`)."""
+        return list(map(self._tier, self.classes))
+
+    def _tier(self, c: tuple[object, ...]) -> int:
+        """The tier key of a class: -(class rank) when classes are strict tiers, else 0."""
+        return -PRIORITY_RANK.get(c[0], 1) if self.calc.strict else 0  # type: ignore[call-overload]
+
+    def _due_at(self, c: tuple[object, ...]) -> float:
+        """A job of class `c` submitted at or before this is due (`Policy.oldest_first`): it
+        has waited its time limit (the default limit when it has none)."""
+        return self.calc.now - (c[5] or self.calc.default_limit)  # type: ignore[operator]
 
     def _const(self, c: tuple[object, ...]) -> float:
         """Everything in -(sort key) but age and the tier, for a class."""
@@ -161,8 +162,8 @@ class QueueOrder:
             cid = self.classes[c] = len(self.const)
             self.const.append(self._const(c))
         s = j.submitted_at
-        tier = -PRIORITY_RANK.get(j.priority, 1) if self.calc.strict else 0  # type: ignore[call-overload]
-        if self.calc.oldest_first and now - s >= (j.time_limit_s or self.calc.default_limit):
+        tier = self._tier(c)
+        if self.calc.oldest_first and s <= self._due_at(c):
             return (tier, -math.inf, s, j.id), cid  # due (a requeued job keeps its submit time)
         return (tier, age_k * ((lo if s < lo else (now if s > now else s)) - now) - self.const[cid], s, j.id), cid
 
@@ -240,14 +241,3 @@ class QueueOrder:
 
 
 _key_id = itemgetter(3)
-
-def multifactor_score(now: float, job: Job, policy: Policy, fairshare: float, largest_host: int) -> float:
-    """The score of one job (for docs and the API); `QueueOrder` sorts by the same sum."""
-    age = max(0.0, now - job.submitted_at)
-    age_f = age / policy.age_saturation_s if policy.age_saturation_s > 0 else 0.0
-    if policy.age_max is not None:
-        age_f = min(policy.age_max, age_f)
-    return (policy.weight_age * age_f
-            + (policy.weight_fairshare * fairshare if policy.fairshare else 0.0)
-            + policy.weight_class * PRIORITY_RANK.get(job.priority, 1) / 3.0
-            + policy.weight_size * min(job.gpus, largest_host) / max(1, largest_host))
