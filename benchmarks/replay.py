@@ -12,7 +12,7 @@ share of it (`sim.contention_cluster`), and fifo, fifo+backfill and default (`si
 replay it in parallel processes.
 
 Per policy, over the whole workload: mean, p50, p90, p99 and max wait, the worst user's mean
-wait, mean JCT, mean bounded slowdown (`sim._record`: wait + run over max(run, 10 s)), GPU
+wait, mean JCT, mean bounded slowdown (`sim.bounded_slowdown`: wait + run over max(run, 10 s)), GPU
 utilization (`Result.metrics`), and the start-estimate rows `waited_ok`, `waited_5m25`,
 `waited_in_range` when the simulator's metrics have them; with the default's ratio to
 fifo+backfill and to fifo. Then the same figures over sliding windows of --window jobs in submit
@@ -57,6 +57,7 @@ from jupyter_gpujobs.sim import (  # noqa: E402
     GREEDY,
     POLICIES,
     TraceJob,
+    bounded_slowdown,
     contention_cluster,
     folded,
     percentile,
@@ -135,7 +136,7 @@ def summary(jobs: list[TraceJob], wait: dict[int, float]) -> dict[str, float]:
         d = folded(j, GPUS_PER_HOST)[1]
         w.append(x)
         jct.append(x + d)
-        bsld.append(max(1.0, (x + d) / max(d, 10.0)))
+        bsld.append(bounded_slowdown(x, d))
         per_user.setdefault(j.user, []).append(x)
     n = max(1, len(w))
     w.sort()

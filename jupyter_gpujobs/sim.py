@@ -162,7 +162,6 @@ class Result:
         # makespan lower bound: the work spread over every GPU from the first submit, or the
         # job that ends last if it starts at its submit, whichever is later
         lower = max(self.work_gpu_s / self.gpus, self.last_release - self.first_submit)
-        per_user_wait = {u: sum(x[0] for x in v) / len(v) for u, v in self.users.items()}
         per_user_sd = [sum(x[1] for x in v) / len(v) for v in self.users.values()]
         jain = (sum(per_user_sd) ** 2 / (len(per_user_sd) * sum(x * x for x in per_user_sd))) if per_user_sd else 1.0
         return {
@@ -175,7 +174,7 @@ class Result:
             "makespan": span,
             "makespan_lb": lower,
             "utilization_ub": self.work_gpu_s / (self.gpus * lower) if lower > 0 else 1.0,
-            "worst_user_wait": max(per_user_wait.values()),
+            "worst_user_wait": max(self.user_waits().values()),
             "jain_slowdown": jain,
             "predicted_ok": self.predicted_ok / max(1, self.predicted_n),
             "predicted_1m": self.predicted_1m / max(1, self.predicted_n),
@@ -412,12 +411,18 @@ def _started(job: Job, now: float) -> float:
     return now if job.started_at is None else job.started_at
 
 
+def bounded_slowdown(wait: float, run: float) -> float:
+    """max(1, (wait + run) / max(run, 10 s)): how much longer than its run a job took, with
+    runs under 10 s counted as 10 s so that a short job's wait does not dominate."""
+    return max(1.0, (wait + run) / max(run, 10.0))
+
+
 def _record(res: Result, job: Job, start: float, end: float, duration: float) -> None:
     wait = start - job.submitted_at
     res.wait.append(wait)
     res.job_waits[job.id] = wait
     res.jct.append(end - job.submitted_at)
-    sd = max(1.0, (wait + duration) / max(duration, 10.0))
+    sd = bounded_slowdown(wait, duration)
     res.slowdown.append(sd)
     res.users.setdefault(job.user, []).append((wait, sd))
     res.last_end = max(res.last_end, end)
