@@ -109,11 +109,8 @@ class RuntimePredictor:
         job's range comes from their percentiles (`low_s`, `high_s`). When a spread lowered the
         confidence (by 1 / (1 + 2 x relative median absolute deviation)), most of a user's
         histories (runs of 1 min and of hours) were unconfident, and their running jobs held
-        their GPUs to their time limits on the line of predicted ends: the worst guess. Replay of
-        the Philly trace (sim, load 0.9, default policy), jobs that waited within max(60 s, 10 %)
-        of their real start: 0.184 -> 0.202 with the replay's rounded limits, 0.133 / 0.145 /
-        0.186 -> 0.167 / 0.249 / 0.209 with drawn ones (seeds 0, 1, 2); docs/scheduling.md "How
-        good are the expected starts?"."""
+        their GPUs to their time limits on the line of predicted ends: the worst guess (figures:
+        docs/scheduling.md, "How good are the expected starts?")."""
         for level, depth in LEVELS:
             k = (depth, tuple(key[:depth]))
             runs = self._runs.get(k)

@@ -52,10 +52,8 @@ def _past_prediction(j: Job, now: float) -> float:
     run so far (it is one of those); when it outlived them all, as long again as its prediction.
     Before, it always ended "as long again": a job whose owner's runs take 10 min or 3 h was
     predicted to end 10 min from now even after running an hour. On the late line it ends no
-    earlier. Replay of the Philly trace (sim, load 0.9, default policy): jobs that waited within
-    max(60 s, 10 %) 0.240 -> 0.301, within max(5 min, 25 %) 0.422 -> 0.490, inside their range
-    0.870 -> 0.876; with time limits that do not leak the runtime (`sim.drawn_limit`) 0.189 ->
-    0.192, 0.297 -> 0.303, 0.927 -> 0.953 (docs/scheduling.md)."""
+    earlier. What it changed in the replay: docs/scheduling.md, "How good are the expected
+    starts?"."""
     assert j.started_at is not None and j.predicted_runtime_s is not None
     runs = j.predicted_runtimes
     if runs:
