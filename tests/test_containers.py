@@ -114,6 +114,26 @@ def test_apptainer_command_and_refusals() -> None:
     assert "apptainer pull" in Apptainer().refusal("docker://python:3.12")
 
 
+def test_a_path_with_dot_dot_gets_past_no_allow_list() -> None:
+    """The allow-list matches an image's path as written (shell patterns: `*` matches `/..`),
+    so a path not written plainly (`..`, `.`, `//`) would reach files outside the folder the
+    site allows: it is refused, for podman's archives and folders and Apptainer's files."""
+    from jupyter_gpujobs.engine.containers.apptainer import Apptainer
+    from jupyter_gpujobs.engine.containers.podman import Podman
+
+    for image in ("docker-archive:/shared/images/../../home/u/evil.tar", "oci:/shared/images/./x:tag",
+                  "oci-archive:/shared/images//../x.tar", "docker-archive:/shared/images/..:ref"):
+        assert "not written plainly" in Podman().refusal(image), image
+    assert "not written plainly" in Apptainer().refusal("/shared/images/../../home/u/evil.sif")
+    for image in ("docker-archive:/shared/images/t.tar", "oci:/shared/images/layout:tag"):
+        assert Podman().refusal(image) == "", image
+    assert Apptainer().refusal("/shared/images/t.sif") == ""
+    if shutil.which("podman"):
+        settings = Containers(allowed_images=["docker-archive:/shared/images/*"])
+        with pytest.raises(ImageProblem, match="not written plainly"):
+            settings.check("docker-archive:/shared/images/../../home/u/evil.tar")
+
+
 def test_apptainer_job_live() -> None:
     if not (shutil.which("apptainer") or shutil.which("singularity")):
         pytest.skip("Apptainer is not installed: Debian 12 has no package of it and no registry is reachable "

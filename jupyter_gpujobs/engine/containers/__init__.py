@@ -119,6 +119,15 @@ def control_devices() -> list[tuple[str, str]]:
     return [(node, node) for node in NVIDIA_CONTROL_NODES if os.path.exists(node)]
 
 
+def not_plain(path: str) -> str:
+    """A refusal of a file's path an image names unless it is written plainly (no `.`, `..`
+    or `//` parts): the allow-list's shell patterns match it as written (`*` matches `/..`),
+    so `/shared/images/../../home/u/x` would pass `/shared/images/*`. "" when it is plain."""
+    if os.path.normpath(path) == path:
+        return ""
+    return f"the path {path} is not written plainly (no '.', '..' or '//' parts): give {os.path.normpath(path)}"
+
+
 def renumbered(visible: str) -> str:
     """CUDA_VISIBLE_DEVICES inside a container that has only the job's GPUs: 0..n-1 for whole
     GPUs (what CUDA numbers them there), a MIG instance's UUID kept (CUDA finds it by UUID)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
-from . import Runtime, env_inside
+from . import Runtime, env_inside, not_plain
 
 if TYPE_CHECKING:
     from . import ContainerRun
@@ -40,7 +40,7 @@ class Apptainer(Runtime):
         if not image.startswith("/"):
             return (f"Apptainer runs image files given by their absolute path; make one first "
                     f"(apptainer pull NAME.sif {image}): a job never waits for a pull")
-        return ""
+        return not_plain(image)
 
     def exists_command(self, image: str) -> list[str] | None:
         return ["test", "-r", image]

@@ -29,7 +29,7 @@ import glob
 import os
 from typing import TYPE_CHECKING
 
-from . import Runtime, env_inside
+from . import Runtime, env_inside, not_plain
 
 if TYPE_CHECKING:
     from . import ContainerRun
@@ -54,7 +54,7 @@ class Podman(Runtime):
         source = self.local_source(image)
         if source is not None and not source.startswith("/"):
             return f"{image.partition(':')[0]}: needs an absolute path ({image.partition(':')[0]}:/path)"
-        return ""
+        return not_plain(source) if source is not None else ""
 
     def exists_command(self, image: str) -> list[str] | None:
         if self.local_source(image) is not None:
