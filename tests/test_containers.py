@@ -228,3 +228,24 @@ def test_an_image_found_is_not_asked_for_again_a_missing_one_is(tmp_path) -> Non
         with pytest.raises(ImageProblem, match=f"localhost/missing-{tmp_path.name}:1"):
             asyncio.run(check_present(Counting(1), f"localhost/missing-{tmp_path.name}:1", None))
     assert asked.read_text().count(".") == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as CI runs: it looks as another Unix user")
+def test_an_archive_a_pull_reads_is_looked_at_as_its_owner(tmp_path, open_dir) -> None:
+    """The file a pull of docker-archive: would read is looked at as the job's owner: one
+    only root may read is refused for them (root could read it), one they may read passes."""
+    import asyncio
+
+    from jupyter_gpujobs.engine.containers.present import check_readable
+
+    secret = tmp_path / "root-only.tar"  # (pytest's tmp_path is root's alone)
+    secret.write_bytes(b"x")
+    os.chmod(secret, 0o600)
+    image = f"docker-archive:{secret}"
+    with pytest.raises(ImageProblem, match=f"no file or folder {secret} that nobody may read"):
+        asyncio.run(check_readable(str(secret), image, "nobody"))
+    asyncio.run(check_readable(str(secret), image, None))  # the engine's own user (root) may
+    shared = open_dir / "shared.tar"
+    shared.write_bytes(b"x")
+    os.chmod(shared, 0o644)
+    asyncio.run(check_readable(str(shared), f"docker-archive:{shared}", "nobody"))

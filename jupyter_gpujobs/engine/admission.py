@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +27,7 @@ from ..model import InvalidInput, Job, validate_submission
 from ..notebook.notebooks import check_notebook_files
 from .access import Access
 from .containers import ImageProblem
-from .containers.present import CHECK_TIMEOUT_S, as_owner, check_present
+from .containers.present import check_present, check_readable
 from .containers.pull import Pulls
 from .events import Events
 from .inventory import Inventory
@@ -269,7 +268,7 @@ class Admission:
                 if not settings.pull:
                     raise ImageProblem(f"image {image}: this site pulls no image for a job "
                                        "(c.GPUJobs.container_pull); load it first (podman load)")
-                await _check_readable(source, unix_user, image)
+                await check_readable(source, image, unix_user)
                 return
             try:
                 await check_present(runtime, image, unix_user)
@@ -305,24 +304,6 @@ class Admission:
         if self.burst_timer is not None:
             self.burst_timer.cancel()
             self.burst_timer = None
-
-
-async def _check_readable(path: str, unix_user: str | None, image: str) -> None:
-    """ImageProblem naming `image` unless `unix_user` may read `path` (looked at as them)."""
-    proc = await asyncio.create_subprocess_exec(
-        "test", "-r", path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True,
-        **as_owner(unix_user))  # type: ignore[arg-type]
-    try:
-        code = await asyncio.wait_for(proc.wait(), CHECK_TIMEOUT_S)
-    except asyncio.TimeoutError:  # (a hung network mount)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        raise ImageProblem(f"image {image}: {path} gave no answer within {CHECK_TIMEOUT_S:g} s") from None
-    if code != 0:
-        raise ImageProblem(f"image {image}: no file or folder {path} that {unix_user or _engine_user()} may read")
 
 
 def _resolve_cwd(value: str | None, root_dir: str) -> str:

@@ -4,7 +4,8 @@ An image of rootless podman is in its owner's own storage (their home) or in a s
 site shares (`additionalimagestores`): only a process of the owner sees what they may use, so
 the check runs the runtime's `exists_command` as them (never as root), with a time limit, and a
 missing image is a refusal naming it; an image found is taken as there for a minute (a burst
-of submissions asks once). Nothing is pulled here: a job whose image a pull can fetch waits
+of submissions asks once). The file or folder a pull of podman's local transports reads is
+looked at the same way (`check_readable`). Nothing is pulled here: a job whose image a pull can fetch waits
 for it before it may take GPUs (pull.py, which runs its commands as the owner with `as_owner`).
 
 May call: `containers` (the interface), `runners.users` (the owner's account).
@@ -64,6 +65,32 @@ async def check_present(runtime: Runtime, image: str, unix_user: str | None,
     now = time.monotonic()
     if known_present(image, unix_user):
         return
+    code, err_text = await _ask(command, image, unix_user, timeout_s)
+    if code == 1 or (code != 0 and not err_text.strip()):
+        raise ImageProblem(runtime.missing_text(image))
+    if code != 0:
+        last = err_text.decode(errors="replace").strip().splitlines()[-1][:300]
+        raise ImageProblem(f"could not check image {image}: {last}")
+    if len(_found) > 10000:  # (a bound, whatever the users ask)
+        _found.clear()
+    _found[key] = now
+
+
+async def check_readable(path: str, image: str, unix_user: str | None,
+                         timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """ImageProblem naming `image` unless `unix_user` (None: the engine's own user) may read
+    the file or folder `path` a pull would fetch it from, looked at as them (`test -r`: never
+    opened, so a FIFO or a huge file costs nothing)."""
+    code, _err = await _ask(["test", "-r", path], image, unix_user, timeout_s)
+    if code != 0:
+        who = unix_user or "the engine's user"
+        raise ImageProblem(f"image {image}: no file or folder {path} that {who} may read")
+
+
+async def _ask(command: list[str], image: str, unix_user: str | None, timeout_s: float) -> tuple[int, bytes]:
+    """Run `command` as `unix_user` (`as_owner`) within `timeout_s` (then its session is
+    killed); its exit status and what it wrote to stderr. ImageProblem naming `image` when
+    it could not start or gave no answer in time."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -73,18 +100,12 @@ async def check_present(runtime: Runtime, image: str, unix_user: str | None,
         raise ImageProblem(f"could not check image {image} ({command[0]}: {err.strerror or err})") from None
     try:
         _out, err_text = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except asyncio.TimeoutError:
+    except asyncio.TimeoutError:  # (a hung network mount)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         raise ImageProblem(f"could not check image {image}: {command[0]} gave no answer within "
                            f"{timeout_s:g} s") from None
-    if proc.returncode == 1 or (proc.returncode != 0 and not err_text.strip()):
-        raise ImageProblem(runtime.missing_text(image))
-    if proc.returncode != 0:
-        last = err_text.decode(errors="replace").strip().splitlines()[-1][:300]
-        raise ImageProblem(f"could not check image {image}: {last}")
-    if len(_found) > 10000:  # (a bound, whatever the users ask)
-        _found.clear()
-    _found[key] = now
+    return proc.returncode if proc.returncode is not None else -1, err_text
+
