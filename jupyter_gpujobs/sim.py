@@ -385,20 +385,11 @@ def _key(job: Job) -> tuple[str, str, str]:
 
 
 def predicted_job(job: Job, p: Prediction, min_confidence: float) -> Job:
-    """A job with what a runtime prediction gives it, as the engine's monitor sets it: its
-    `predicted_runtime_s` when at least `min_confidence` sure, the spread of the runs behind it
-    (`predicted_runtime_range`, for expected-start ranges) at any confidence when they are the
-    user's own (not everyone's); both within its time limit."""
-    if p.seconds is None:
-        return job
-    cap = float(job.time_limit_s) if job.time_limit_s else math.inf
-    changes: dict[str, object] = {}
-    if p.confidence >= min_confidence:
-        changes["predicted_runtime_s"] = max(1.0, min(p.seconds, cap))
-        changes["predicted_runtimes"] = tuple(min(r, cap) for r in p.runs_s)
-    if p.low_s is not None and p.high_s is not None and p.level != "global":
-        changes["predicted_runtime_range"] = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
-    return replace(job, **changes)  # type: ignore[arg-type]
+    """A job with what a runtime prediction gives it, as the engine's monitor sets it
+    (`monitor.predict.job_fields`)."""
+    from .engine.monitor.predict import job_fields  # the monitor package is heavy to import
+
+    return replace(job, **job_fields(p, job.time_limit_s, min_confidence))  # type: ignore[arg-type]
 
 
 def _size(job: Job) -> int:

@@ -43,7 +43,7 @@ from .diagnosis import (
 )
 from .draining import DrainingBackend
 from .engine_view import MonitoredEngine
-from .predict import Prediction, RuntimePredictor, job_key
+from .predict import Prediction, RuntimePredictor, job_fields, job_key
 from .settings import MonitorSettings
 
 if TYPE_CHECKING:
@@ -213,12 +213,8 @@ class Monitor:
     def _predict(self, job: Job) -> Prediction:
         p = self.predictor.predict(job_key(job.user, job.name, job.command, job.gpu_type))
         self.predictions[job.id] = p
-        cap = float(job.time_limit_s) if job.time_limit_s else float("inf")
-        if p.seconds is not None and p.confidence >= self.settings.predict_min_confidence:
-            job.predicted_runtime_s = max(1.0, min(p.seconds, cap))
-            job.predicted_runtimes = tuple(min(r, cap) for r in p.runs_s)
-        if p.low_s is not None and p.high_s is not None and p.level != "global":  # the owner's spread (ranges)
-            job.predicted_runtime_range = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
+        for name, value in job_fields(p, job.time_limit_s, self.settings.predict_min_confidence).items():
+            setattr(job, name, value)
         return p
 
     # ================================================================= ended jobs

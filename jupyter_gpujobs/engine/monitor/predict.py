@@ -125,6 +125,22 @@ class RuntimePredictor:
         return Prediction(seconds=None, confidence=0.0, level="none", runs=0)
 
 
+def job_fields(p: Prediction, time_limit_s: float | None, min_confidence: float) -> dict[str, object]:
+    """What a prediction sets on a job (the monitor on the engine's jobs, `sim` on a replay's),
+    each within the job's time limit: `predicted_runtime_s` and the runs behind it
+    (`predicted_runtimes`) when at least `min_confidence` sure; `predicted_runtime_range`, the
+    10th-90th percentile of those runs, at any confidence when they are the owner's own (not
+    everyone's): expected-start ranges (plan_predict.py)."""
+    cap = float(time_limit_s) if time_limit_s else float("inf")
+    out: dict[str, object] = {}
+    if p.seconds is not None and p.confidence >= min_confidence:
+        out["predicted_runtime_s"] = max(1.0, min(p.seconds, cap))
+        out["predicted_runtimes"] = tuple(min(r, cap) for r in p.runs_s)
+    if p.low_s is not None and p.high_s is not None and p.level != "global":
+        out["predicted_runtime_range"] = (max(1.0, min(p.low_s, cap)), max(1.0, min(p.high_s, cap)))
+    return out
+
+
 def predict_runtime(history: Iterable[tuple[Key, float]], key: Key, window: int = 8) -> tuple[float | None, float]:
     """(predicted runtime in seconds or None, confidence 0..1) of a job with `key` from past
     (key, runtime) records, oldest first."""
@@ -135,4 +151,5 @@ def predict_runtime(history: Iterable[tuple[Key, float]], key: Key, window: int 
     return p.seconds, p.confidence
 
 
-__all__ = ["LEVELS", "Prediction", "RuntimePredictor", "command_signature", "job_key", "predict_runtime"]
+__all__ = ["LEVELS", "Prediction", "RuntimePredictor", "command_signature", "job_fields", "job_key",
+           "predict_runtime"]
