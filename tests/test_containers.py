@@ -18,6 +18,7 @@ from jupyter_gpujobs.engine.containers import (
     ContainerRun,
     Containers,
     ImageProblem,
+    Runtime,
     renumbered,
     runtime_names,
     wrap,
@@ -249,3 +250,37 @@ def test_an_archive_a_pull_reads_is_looked_at_as_its_owner(tmp_path, open_dir) -
     shared.write_bytes(b"x")
     os.chmod(shared, 0o644)
     asyncio.run(check_readable(str(shared), f"docker-archive:{shared}", "nobody"))
+
+
+async def test_a_pull_that_names_no_image_id_fails_its_job_before_gpus(engine, api, tmp_path) -> None:
+    """In-process: a pull from a local transport whose last line is no image id (a warning,
+    say) fails its job naming that line, before it starts: it would otherwise be run with
+    that line as its image, and fail only once it held GPUs."""
+    import asyncio
+    import time
+
+    class Loads(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:
+            return ["/bin/sh", "-c", "echo Copying blob sha256:f58f; echo Writing manifest to image destination"]
+
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    engine.state.containers = Containers(runtime="loads", _loaded={"loads": Loads()})
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
+    assert status in (200, 201), job
+    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
+    deadline = time.monotonic() + 30
+    while True:
+        status, seen = await api("GET", f"jobs/{job_id}")
+        if seen["state"] != "PENDING":
+            break
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
+    assert seen["reason"] == (f"image arch:{archive}: the pull named no image id "
+                              "(its last line: 'Writing manifest to image destination')"), seen["reason"]

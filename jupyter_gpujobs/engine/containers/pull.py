@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,6 +45,9 @@ log = logging.getLogger("jupyter_gpujobs")
 WATCH_S = 0.5
 #: how long a stopped pull has after SIGTERM before SIGKILL
 STOP_GRACE_S = 5.0
+#: what the last line of a pull from a local transport must be: the image's id, which its job
+#: is run by (`Containers.pulled`); nothing else of the pull's output reaches a command line
+IMAGE_ID = re.compile(r"[0-9a-f]{12,64}")
 
 
 @dataclass
@@ -184,8 +188,11 @@ class Pulls:
         if code != 0:
             said = pull.last.removeprefix("Error: ").strip() or f"{command[0]} exited with {code}"
             return f"could not be pulled: {said[:400]}"
-        if runtime.local_source(image) is not None and pull.last:  # run by its id (no name for it)
-            settings.pulled[key] = pull.last.strip()
+        if runtime.local_source(image) is not None:  # run by its id (no name for it)
+            image_id = pull.last.strip()
+            if not IMAGE_ID.fullmatch(image_id):  # (else the job would fail at its start, holding GPUs)
+                return f"the pull named no image id (its last line: {image_id[:200]!r})"
+            settings.pulled[key] = image_id
         self._line(pull, f"[gpujobs] image {image} is there; the job waits for GPUs")
         self._record(pull, "PULLED", f"image {image} pulled")
         return None
