@@ -84,7 +84,7 @@ class Pulls:
         if known_present(job.image, unix_user):
             return
         if runtime.exists_command(job.image) is None and runtime.local_source(job.image) is None:
-            return  # a file the runtime runs directly (apptainer's .sif)
+            return  # a runtime that looks up no image (none of ours: apptainer's .sif is looked at with test -r)
         key = (unix_user or "", job.image)
         pull = self.running.get(key)
         if pull is None:
@@ -270,8 +270,7 @@ class Pulls:
 
     def _fail(self, job_ids: list[int], image: str, error: str) -> None:
         reason = error if error.startswith(f"image {image}") else f"image {image}: {error}"
-        for job_id in job_ids:
-            self.state.pulling.discard(job_id)
+        for job_id in job_ids:  # (none of them in `state.pulling`: `_run` took them out)
             self.events.set_state(job_id, JobState.FAILED, "engine", reason, expect=(JobState.PENDING,))
 
 
