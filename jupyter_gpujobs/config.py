@@ -563,6 +563,12 @@ class GPUJobs(Configurable):
             raise TraitError(f"c.GPUJobs.foreign_memory_threshold: must be 0 or more MiB, got {proposal['value']!r}")
         return proposal["value"]
 
+    @validate("container_pull_timeout")
+    def _check_pull_timeout(self, proposal: Any) -> Any:
+        if not proposal["value"] > 0:  # (NaN too: else every pull would fail at once)
+            raise TraitError(f"c.GPUJobs.container_pull_timeout: must be more than 0 seconds, got {proposal['value']!r}")
+        return proposal["value"]
+
     @validate("preempt_min_runtime")
     def _check_preempt_min_runtime(self, proposal: Any) -> Any:
         try:

@@ -284,3 +284,14 @@ async def test_a_pull_that_names_no_image_id_fails_its_job_before_gpus(engine, a
     assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
     assert seen["reason"] == (f"image arch:{archive}: the pull named no image id "
                               "(its last line: 'Writing manifest to image destination')"), seen["reason"]
+
+
+def test_a_pull_time_limit_must_be_more_than_nothing() -> None:
+    from traitlets import TraitError
+
+    from jupyter_gpujobs.config import GPUJobs
+
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(TraitError, match="c.GPUJobs.container_pull_timeout: must be more than 0 seconds"):
+            GPUJobs(container_pull_timeout=bad)
+    assert GPUJobs(container_pull_timeout=2).container_pull_timeout == 2
