@@ -295,3 +295,50 @@ def test_a_pull_time_limit_must_be_more_than_nothing() -> None:
         with pytest.raises(TraitError, match="c.GPUJobs.container_pull_timeout: must be more than 0 seconds"):
             GPUJobs(container_pull_timeout=bad)
     assert GPUJobs(container_pull_timeout=2).container_pull_timeout == 2
+
+
+async def test_a_pull_whose_output_cannot_be_handled_ends_and_fails_its_job(engine, api, tmp_path,
+                                                                           monkeypatch) -> None:
+    """In-process: when the handling of a pull's output fails (here: the job's reason cannot
+    be shown, in a way nobody foresaw), the pull is stopped and its job ends FAILED naming
+    why. It waited for the pull's end, past its time limit, its output unread."""
+    import asyncio
+    import time
+
+    from jupyter_gpujobs.engine.containers.pull import Pulls
+
+    sleep = f"599.{time.monotonic_ns() % 10**6:06d}"  # (its own, to look for)
+
+    class Slow(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:
+            return ["/bin/sh", "-c", f"echo started; exec sleep {sleep}"]
+
+    show = Pulls._show
+
+    def broken(self: Pulls, pull: object, job_id: int) -> None:
+        if getattr(pull, "last", "") == "started":
+            raise ValueError("cannot show it")
+        show(self, pull, job_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Pulls, "_show", broken)
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    engine.state.containers = Containers(runtime="slow", _loaded={"slow": Slow()}, pull_timeout_s=600)
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
+    assert status in (200, 201), job
+    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
+    deadline = time.monotonic() + 30
+    while True:
+        status, seen = await api("GET", f"jobs/{job_id}")
+        if seen["state"] != "PENDING":
+            break
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
+    assert seen["reason"] == f"image arch:{archive}: ValueError: cannot show it", seen["reason"]
+    assert subprocess.run(["pgrep", "-f", f"sleep {sleep}"]).returncode == 1  # the pull was stopped

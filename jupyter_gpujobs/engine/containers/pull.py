@@ -179,6 +179,7 @@ class Pulls:
                     self._line(pull, f"[gpujobs] the pull of {image} is stopped at its time limit")
                     return (f"the pull gave no image within {format_duration(settings.pull_timeout_s)} "
                             "(c.GPUJobs.container_pull_timeout)")
+            reader.result()  # (its failure is the pull's: else the pull, its output unread, could last for ever)
             code = await proc.wait()
         finally:
             if proc.returncode is None:
