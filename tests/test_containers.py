@@ -342,3 +342,44 @@ async def test_a_pull_whose_output_cannot_be_handled_ends_and_fails_its_job(engi
     assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
     assert seen["reason"] == f"image arch:{archive}: ValueError: cannot show it", seen["reason"]
     assert subprocess.run(["pgrep", "-f", f"sleep {sleep}"]).returncode == 1  # the pull was stopped
+
+
+async def test_a_pulls_output_is_capped_as_the_jobs_own(engine, api, tmp_path) -> None:
+    """In-process: a pull that prints without end (a chatty registry, a huge local file) fills
+    its job's log no further than c.GPUJobs.log_max_bytes, as the job's own output: the head and
+    the newest output kept, the cut said; its failure is still named from its last line. It
+    wrote all of it to the engine's disk."""
+    import asyncio
+    import time
+
+    from jupyter_gpujobs.engine.runners.local import MIN_LOG_BYTES
+
+    class Chatty(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:
+            return ["/bin/sh", "-c", "yes 'Copying blob sha256:f58f' | head -c 4000000; "
+                                     "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo 'Error: disk full'; exit 1"]
+
+    engine.state.runner.log_max_bytes = MIN_LOG_BYTES
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    engine.state.containers = Containers(runtime="chatty", _loaded={"chatty": Chatty()})
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
+    assert status in (200, 201), job
+    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        status, seen = await api("GET", f"jobs/{job_id}")
+        if seen["state"] != "PENDING":
+            break
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    assert seen["state"] == "FAILED" and seen["reason"] == f"image arch:{archive}: could not be pulled: disk full", seen
+    log = (engine.state_dir / "logs" / f"job-{job_id}.log").read_bytes()
+    assert len(log) <= MIN_LOG_BYTES, len(log)
+    assert log.startswith(b"[gpujobs] pulling image") and b"bytes of output cut here" in log
+    assert log.endswith(b"Error: disk full\n"), log[-200:]

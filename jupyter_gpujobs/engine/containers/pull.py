@@ -7,7 +7,9 @@ Owns `Pulls`:
   its snapshot as it leaves jobs set aside; their reason is the pull's progress);
 - one pull per (owner, image), whatever the number of that owner's jobs waiting for it, run as
   the owner (rootless podman, the runtime's `pull_command`; never as root for a user), its
-  output appended to the log of each job waiting for it;
+  output appended to the log of each job waiting for it under the cap of the job's own output
+  (c.GPUJobs.log_max_bytes, `runners.joblog.CappedLog`), of its lines only the last one kept
+  (its first `MAX_LINE` bytes: the image id, or the failure);
 - a pull's end: its jobs become eligible, or end FAILED with a reason naming the image and the
   runtime's message; its time limit (c.GPUJobs.container_pull_timeout); a pull that no job
   waits for any more (they were cancelled) is stopped;
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...model import Job, JobState, format_duration
-from ..runners.joblog import open_log
+from ..runners.joblog import CappedLog, open_log
 from ..runners.users import NotAUnixUser, account, run_as
 from . import ImageProblem, Runtime
 from .present import as_owner, check_present, known_present
@@ -48,6 +50,11 @@ STOP_GRACE_S = 5.0
 #: what the last line of a pull from a local transport must be: the image's id, which its job
 #: is run by (`Containers.pulled`); nothing else of the pull's output reaches a command line
 IMAGE_ID = re.compile(r"[0-9a-f]{12,64}")
+#: the most of one line of a pull's output the engine keeps (the last line names the image id
+#: or the failure); the rest of a longer line goes to the log only
+MAX_LINE = 4096
+#: how much of a pull's output is read at once
+CHUNK = 1 << 16
 
 
 @dataclass
@@ -56,9 +63,9 @@ class _Pull:
     unix_user: str | None
     runtime: Runtime
     jobs: set[int] = field(default_factory=set)  # the jobs waiting for it
-    logs: dict[int, int] = field(default_factory=dict)  # job id -> its log, open for appending
+    logs: dict[int, CappedLog] = field(default_factory=dict)  # job id -> its log, open for appending
     copied: int = 0  # layers (blobs) copied so far
-    last: str = ""  # the last line of output (podman's: the image id; on failure its error)
+    last: str = ""  # the last line of output, at most MAX_LINE bytes (podman's: the image id; on failure its error)
     proc: asyncio.subprocess.Process | None = None
     task: asyncio.Future[None] | None = None
 
@@ -161,7 +168,7 @@ class Pulls:
         self._record(pull, "PULLING", f"pulling image {image}")
         proc = pull.proc = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, close_fds=True, limit=1 << 20,
+            stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, close_fds=True, limit=CHUNK,
             **as_owner(pull.unix_user))  # type: ignore[arg-type]
         assert proc.stdout is not None
         reader = asyncio.ensure_future(self._read(pull, proc.stdout))
@@ -199,23 +206,34 @@ class Pulls:
         return None
 
     async def _read(self, pull: _Pull, stream: asyncio.StreamReader) -> None:
-        """The pull's output, line by line, into its jobs' logs; its progress as their reason."""
+        """The pull's output, as it comes, into its jobs' logs (`_write`: capped); its lines'
+        first `MAX_LINE` bytes looked at (`_take`), its progress as their reason."""
+        line = b""  # the line under way: its first MAX_LINE bytes
         while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line over the limit: its rest is skipped
-                continue
-            if not raw:
-                return
-            text = raw.decode(errors="replace").rstrip()
-            if not text:
-                continue
+            chunk = await stream.read(CHUNK)
+            if not chunk:
+                break
+            self._write(pull, chunk)
+            *ended, rest = chunk.split(b"\n")
+            for part in ended:
+                self._take(pull, line + part[:MAX_LINE - len(line)])
+                line = b""
+            line += rest[:MAX_LINE - len(line)]
+            for job_id in self._waiting(pull):
+                self._show(pull, job_id)
+        if line:  # a last line without its newline: one is added, so the engine's lines start their own
+            self._take(pull, line)
+            self._write(pull, b"\n")
+
+    @staticmethod
+    def _take(pull: _Pull, raw: bytes) -> None:
+        """One line of the pull's output (at most MAX_LINE bytes of it): the last one kept, the
+        layers copied counted."""
+        text = raw.decode(errors="replace").strip()
+        if text:
             pull.last = text
             if text.startswith("Copying blob"):
                 pull.copied += 1
-            self._line(pull, text)
-            for job_id in self._waiting(pull):
-                self._show(pull, job_id)
 
     # ------------------------------------------------------------------ its jobs
 
@@ -243,30 +261,35 @@ class Pulls:
             s.store.add_event(job_id, what, "engine", reason, s.clock())
 
     def _line(self, pull: _Pull, text: str) -> None:
-        """A line into the log of each job waiting for `pull` (the engine's own log folder; the
-        log is its owner's, as the supervisor makes it)."""
-        data = (text + "\n").encode()
+        """A line of the engine's own into the log of each job waiting for `pull`."""
+        self._write(pull, (text + "\n").encode())
+
+    def _write(self, pull: _Pull, data: bytes) -> None:
+        """`data` into the log of each job waiting for `pull` (the engine's own log folder; the
+        log is its owner's, as the supervisor makes it), capped as the job's own output."""
         for job_id in self._waiting(pull):
-            fd = pull.logs.get(job_id)
+            capped = pull.logs.get(job_id)
             try:
-                if fd is None:
-                    fd = pull.logs[job_id] = self._open_log(job_id, pull.unix_user)
-                os.write(fd, data)
+                if capped is None:
+                    capped = pull.logs[job_id] = self._open_log(job_id, pull.unix_user)
+                capped.write(data)
             except OSError as err:
                 log.warning("gpujobs: writing the pull's output to the log of job %s failed: %s", job_id, err)
 
-    def _open_log(self, job_id: int, unix_user: str | None) -> int:
+    def _open_log(self, job_id: int, unix_user: str | None) -> CappedLog:
         s = self.state
         path = s.state_dir / "logs" / f"job-{job_id}.log"
         os.makedirs(path.parent, mode=0o700, exist_ok=True)
         acct = account(unix_user)
         fd = open_log(str(path), (int(acct[1]), int(acct[2])) if acct else None)  # type: ignore[call-overload]
         s.store.update_job(job_id, log_path=str(path))
-        return fd
+        # the cap of the job's own output (c.GPUJobs.log_max_bytes), which the runner keeps; none
+        # where the runner has none (the job's output is not capped there either)
+        return CappedLog(fd, int(getattr(s.runner, "log_max_bytes", 0) or 0))
 
     def _close(self, pull: _Pull) -> None:
-        for fd in pull.logs.values():
-            os.close(fd)
+        for capped in pull.logs.values():
+            os.close(capped.fd)
         pull.logs.clear()
 
     def _fail(self, job_ids: list[int], image: str, error: str) -> None:
