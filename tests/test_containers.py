@@ -95,10 +95,10 @@ def test_what_podman_can_pull_and_the_image_a_pulled_archive_runs_in() -> None:
     assert podman.local_source("oci:/srv/layout:tag") == "/srv/layout"
     assert podman.exists_command("docker-archive:/srv/t.tar") is None  # podman looks up no image by it
     assert "absolute path" in podman.refusal("docker-archive:t.tar") and podman.refusal("oci:/srv/l") == ""
-    settings = Containers(pulled={("u", "docker-archive:/srv/t.tar"): "fc47dfa15adc"})
+    settings = Containers(pulled={7: "fc47dfa15adc"})
     spec = settings.launch(7, "docker-archive:/srv/t.tar", "/tmp", [], "u", fake=True)
     assert spec["image"] == "fc47dfa15adc"  # the id its pull gave (podman runs no transport with --pull=never)
-    assert settings.launch(7, "docker-archive:/srv/t.tar", "/tmp", [], "v", fake=True)["image"] != "fc47dfa15adc"
+    assert settings.launch(8, "docker-archive:/srv/t.tar", "/tmp", [], "u", fake=True)["image"] != "fc47dfa15adc"
 
 
 def test_apptainer_command_and_refusals() -> None:
@@ -383,3 +383,49 @@ async def test_a_pulls_output_is_capped_as_the_jobs_own(engine, api, tmp_path) -
     assert len(log) <= MIN_LOG_BYTES, len(log)
     assert log.startswith(b"[gpujobs] pulling image") and b"bytes of output cut here" in log
     assert log.endswith(b"Error: disk full\n"), log[-200:]
+
+
+async def test_each_job_runs_the_image_its_own_pull_named(engine, api, tmp_path) -> None:
+    """In-process: jobs A and B of one user name one archive, each pulled when it came (podman
+    loads a transport's image each time, and the archive may have changed in between): A, still
+    waiting, runs the image id A's pull named, not B's later one. An ended job's id is not kept."""
+    import asyncio
+    import time
+
+    counter = tmp_path / "pulls"
+
+    class Counts(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:  # each pull names another image id
+            return ["/bin/sh", "-c", f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
+                                     "printf '%064d\\n' $n"]
+
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    image = f"arch:{archive}"
+    engine.state.containers = Containers(runtime="counts", _loaded={"counts": Counts()})
+
+    async def pulled_job() -> int:
+        """A job held (it stays pending), once its pull is over."""
+        status, job = await api("POST", "jobs", body={"command": "true", "image": image, "gpus": 0, "hold": True})
+        assert status in (200, 201), job
+        job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
+        deadline = time.monotonic() + 30
+        while job_id in engine.state.pulling:  # (from its acceptance on)
+            assert time.monotonic() < deadline, await api("GET", f"jobs/{job_id}")
+            await asyncio.sleep(0.05)
+        return job_id
+
+    a = await pulled_job()
+    b = await pulled_job()
+    launch = engine.state.containers.launch
+    assert launch(a, image, "/tmp", [], None, fake=True)["image"] == "1".zfill(64)
+    assert launch(b, image, "/tmp", [], None, fake=True)["image"] == "2".zfill(64)
+    status, _ = await api("DELETE", f"jobs/{a}")
+    assert status == 200, _
+    c = await pulled_job()
+    assert engine.state.containers.pulled == {b: "2".zfill(64), c: "3".zfill(64)}

@@ -221,9 +221,10 @@ class Containers:
     #: (c.GPUJobs.container_pull; containers/pull.py), within this many seconds
     pull: bool = True
     pull_timeout_s: float = 1800.0
-    #: (Unix user or "", reference) -> the image id a pull gave, for references podman runs
-    #: by id only (its local transports); filled by containers/pull.py
-    pulled: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
+    #: job id -> the image id the job's own pull named, for references podman runs by id only
+    #: (its local transports: each pull of one may name another image); kept by
+    #: containers/pull.py for the jobs pending or running
+    pulled: dict[int, str] = field(default_factory=dict, repr=False)
     _loaded: dict[str, Runtime] = field(default_factory=dict, repr=False)
 
     def image_for(self, asked: str | None) -> str:
@@ -260,8 +261,8 @@ class Containers:
         `cwd` (also the working directory) and its owner's home read-write at the same paths."""
         runtime = self.runtime_for(image)
         module = importlib.import_module(runtime.module())
-        run = ContainerRun(module=runtime.module(), image=self.pulled.get((unix_user or "", image), image), name=f"gpujobs-{job_id}-{os.urandom(4).hex()}",
-                           workdir=cwd, options=list(self.options))
+        run = ContainerRun(module=runtime.module(), image=self.pulled.get(job_id, image),
+                           name=f"gpujobs-{job_id}-{os.urandom(4).hex()}", workdir=cwd, options=list(self.options))
         cdi = not fake and getattr(module, "cdi_available", lambda: False)()
         if cdi:
             run.cdi = [f"nvidia.com/gpu={os.path.basename(n).removeprefix('nvidia')}" for n in gpu_nodes]

@@ -200,7 +200,7 @@ class Pulls:
             image_id = pull.last.strip()
             if not IMAGE_ID.fullmatch(image_id):  # (else the job would fail at its start, holding GPUs)
                 return f"the pull named no image id (its last line: {image_id[:200]!r})"
-            settings.pulled[key] = image_id
+            self._name(pull, image_id)
         self._line(pull, f"[gpujobs] image {image} is there; the job waits for GPUs")
         self._record(pull, "PULLED", f"image {image} pulled")
         return None
@@ -236,6 +236,16 @@ class Pulls:
                 pull.copied += 1
 
     # ------------------------------------------------------------------ its jobs
+
+    def _name(self, pull: _Pull, image_id: str) -> None:
+        """The jobs waiting for `pull` run in `image_id`, the image their pull named, whatever a
+        later pull of the same reference names (`Containers.pulled`); the ids of jobs no longer
+        pending or running are dropped there."""
+        s = self.state
+        pulled = s.containers.pulled
+        for job_id in [j for j in pulled if s.active_job(j) is None]:
+            del pulled[job_id]
+        pulled.update(dict.fromkeys(self._waiting(pull), image_id))
 
     def _waiting(self, pull: _Pull) -> list[int]:
         """The jobs still pending that wait for `pull`."""
