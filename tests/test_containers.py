@@ -429,3 +429,51 @@ async def test_each_job_runs_the_image_its_own_pull_named(engine, api, tmp_path)
     assert status == 200, _
     c = await pulled_job()
     assert engine.state.containers.pulled == {b: "2".zfill(64), c: "3".zfill(64)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as CI runs: it checks as another Unix user")
+def test_a_users_image_checks_run_a_few_at_a_time_and_hold_up_no_one_else(open_dir) -> None:
+    """A user's many image checks at once (a flood of submissions) run as them at most
+    `userfiles.MAX_PER_USER` at a time, the slots of the engine's other checks of their files,
+    the rest waiting their turn; another user's check goes on meanwhile. They all started at
+    once, each a process of root's."""
+    import asyncio
+
+    import psutil
+
+    from jupyter_gpujobs.engine.containers import Runtime
+    from jupyter_gpujobs.engine.containers.present import check_present
+    from jupyter_gpujobs.engine.userfiles import MAX_PER_USER
+
+    release = open_dir / "release"
+    mark = f"gpujobs-check-{open_dir.name}"  # (in the checks' command lines, to count them)
+
+    class Blocking(Runtime):
+        def exists_command(self, image: str) -> list[str]:
+            if image.startswith("other/"):
+                return ["/bin/true"]
+            return ["/bin/sh", "-c", f"until [ -e {release} ]; do sleep 0.05; done # {mark}"]
+
+    def checks() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if mark in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc)
+        return found
+
+    async def flood() -> None:
+        runtime = Blocking()
+        mine = [asyncio.ensure_future(check_present(runtime, f"nobody/{i}:{open_dir.name}", "nobody"))
+                for i in range(6)]
+        try:
+            while len(checks()) < MAX_PER_USER:  # (each task forks at its first step, if it may)
+                await asyncio.sleep(0.02)
+            await asyncio.wait_for(check_present(runtime, f"other/x:{open_dir.name}", None), 30)  # not held up
+            running = checks()
+            assert len(running) == MAX_PER_USER, [p.info["cmdline"] for p in running]
+            assert all(p.uids().real == pwd.getpwnam("nobody").pw_uid for p in running)
+        finally:
+            release.touch()
+        await asyncio.wait_for(asyncio.gather(*mine), 30)  # the rest had their turn
+
+    asyncio.run(flood())

@@ -22,6 +22,7 @@ May call: `runners.users` (who the user is) and the standard library; nothing el
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import stat
 import sys
 import time
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -175,11 +177,48 @@ def helper_python(preferred: str = "") -> str:
     return os.path.realpath(sys.executable)
 
 
-#: Helpers one user may have running at once: more wait for a slot, within their own time, so
-#: a flood of submissions costs its sender, not the machine.
+#: Checks one user may have running at once (this helper, and containers/present.py's image
+#: checks: `user_slot`): more wait for a slot, within their own time, so a flood of submissions
+#: costs its sender, not the machine.
 MAX_PER_USER = 2
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary())
+
+
+def as_user(unix_user: str | None, path: str = "/usr/bin:/bin") -> dict[str, Any]:
+    """What runs a process as `unix_user` (None: the engine's own user), for
+    `asyncio.create_subprocess_exec`: their uid, gid and groups, and a plain environment of
+    theirs (PATH `path`, LANG, HOME; USER and LOGNAME for another user). The engine's one way
+    of running something as a user (this helper, containers/present.py and pull.py).
+    HelperFailed when there is no such user."""
+    env = {"PATH": path, "LANG": "C.UTF-8", "HOME": os.environ.get("HOME") or "/"}
+    try:
+        acct = account(unix_user) if unix_user else None
+    except KeyError:
+        raise HelperFailed(f"{unix_user} is not a user on this machine") from None
+    if acct is None:  # (the engine's own user)
+        return {"env": env}
+    name, uid, gid, home, _shell, groups = acct
+    env.update({"HOME": str(home), "USER": str(name), "LOGNAME": str(name)})
+    return {"user": uid, "group": gid, "extra_groups": list(groups), "env": env}
+
+
+@contextlib.asynccontextmanager
+async def user_slot(unix_user: str | None, timeout_s: float) -> AsyncIterator[float]:
+    """One of the `MAX_PER_USER` slots of `unix_user` (None: the engine's own user), held in
+    the block, which gets the seconds left of `timeout_s` once it has it. HelperFailed when
+    none is free within `timeout_s`."""
+    slots = _slots.setdefault(asyncio.get_running_loop(), {})
+    slot = slots.setdefault(unix_user or "", asyncio.Semaphore(MAX_PER_USER))
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(slot.acquire(), timeout_s)
+    except asyncio.TimeoutError:
+        raise HelperFailed(f"{MAX_PER_USER} earlier checks were still running after {timeout_s:g} s") from None
+    try:
+        yield max(0.001, timeout_s - (time.monotonic() - started))
+    finally:
+        slot.release()
 
 
 async def _run_helper(unix_user: str | None, request: dict[str, Any], bounds: Bounds,
@@ -187,30 +226,13 @@ async def _run_helper(unix_user: str | None, request: dict[str, Any], bounds: Bo
     """Run the helper as `unix_user` (None: as the engine's own user) on `request`; its
     answer. HelperFailed when it gives none within `bounds.timeout_s` (waiting for a slot
     included)."""
-    slots = _slots.setdefault(asyncio.get_running_loop(), {})
-    slot = slots.setdefault(unix_user or "", asyncio.Semaphore(MAX_PER_USER))
-    started = time.monotonic()
-    try:
-        await asyncio.wait_for(slot.acquire(), bounds.timeout_s)
-    except asyncio.TimeoutError:
-        raise HelperFailed(f"{MAX_PER_USER} earlier checks were still running after {bounds.timeout_s:g} s") from None
-    try:
-        left = max(0.001, bounds.timeout_s - (time.monotonic() - started))
+    async with user_slot(unix_user, bounds.timeout_s) as left:
         return await _helper(unix_user, request, Bounds(bounds.max_bytes, left), python)
-    finally:
-        slot.release()
 
 
 async def _helper(unix_user: str | None, request: dict[str, Any], bounds: Bounds, python: str) -> dict[str, Any]:
     """One run of the helper (`_run_helper`)."""
-    who: dict[str, Any] = {}
-    try:
-        acct = account(unix_user) if unix_user else None
-    except KeyError:
-        raise HelperFailed(f"{unix_user} is not a user on this machine") from None
-    if acct is not None:
-        _name, uid, gid, _home, _shell, groups = acct
-        who = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[arg-type]
+    who = as_user(unix_user)
     cpu_s = max(1, int(bounds.timeout_s + 0.999))
     # room for the file, the text decoded from it and its parsed objects, and the interpreter
     memory = 512 * (1 << 20) + 16 * bounds.max_bytes
@@ -221,8 +243,7 @@ async def _helper(unix_user: str | None, request: dict[str, Any], bounds: Bounds
         proc = await asyncio.create_subprocess_exec(
             interpreter, "-I", "-S", "-c", HELPER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
-            close_fds=True, **who)
+            cwd="/", start_new_session=True, close_fds=True, **who)
     except OSError as err:
         raise HelperFailed(f"could not start the checking process ({interpreter}: {err.strerror or err}); an admin "
                            "may set c.GPUJobs.job_python to a Python every user may run") from None
@@ -330,4 +351,5 @@ async def _check_directory(unix_user: str | None, path: str, bounds: Bounds, pyt
     return real
 
 
-__all__ = ["Bounds", "HelperFailed", "NotebookVerdict", "check_directory", "check_notebook", "helper_python"]
+__all__ = ["Bounds", "HelperFailed", "NotebookVerdict", "as_user", "check_directory", "check_notebook", "helper_python",
+           "user_slot"]

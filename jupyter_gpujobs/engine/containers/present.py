@@ -2,13 +2,15 @@
 
 An image of rootless podman is in its owner's own storage (their home) or in a store the
 site shares (`additionalimagestores`): only a process of the owner sees what they may use, so
-the check runs the runtime's `exists_command` as them (never as root), with a time limit, and a
-missing image is a refusal naming it; an image found is taken as there for a minute (a burst
+the check runs the runtime's `exists_command` as them (never as root: `userfiles.as_user`), with
+a time limit, in one of the owner's few slots for checks (`userfiles.user_slot`, shared with
+the engine's other looks at their files: a user's flood of submissions waits for its own
+checks, not others'), and a missing image is a refusal naming it; an image found is taken as there for a minute (a burst
 of submissions asks once). The file or folder a pull of podman's local transports reads is
 looked at the same way (`check_readable`). Nothing is pulled here: a job whose image a pull can fetch waits
 for it before it may take GPUs (pull.py, which runs its commands as the owner with `as_owner`).
 
-May call: `containers` (the interface), `runners.users` (the owner's account).
+May call: `containers` (the interface), `userfiles` (running as the owner, their slots).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 import time
 
-from ..runners.users import account
+from ..userfiles import HelperFailed, as_user, user_slot
 from . import ImageProblem, Runtime
 
 #: the most seconds a check may take before the submission is refused
@@ -30,23 +32,13 @@ _found: dict[tuple[str, str], float] = {}  # (Unix user or "", image) -> monoton
 
 
 def as_owner(unix_user: str | None) -> dict[str, object]:
-    """What runs a command as `unix_user` (None: the engine's own user), for
-    `asyncio.create_subprocess_exec`: their uid, gids and a plain environment of theirs.
-    ImageProblem when there is no such user."""
-    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    home = os.environ.get("HOME") or "/"
-    out: dict[str, object] = {}
-    if unix_user is not None:
-        try:
-            acct = account(unix_user)
-        except KeyError:
-            raise ImageProblem(f"{unix_user} is not a user on this machine") from None
-        if acct is not None:  # (None: the engine's own user)
-            name, uid, gid, home, _shell, groups = acct
-            out = {"user": uid, "group": gid, "extra_groups": list(groups)}  # type: ignore[call-overload]
-            env.update({"USER": str(name), "LOGNAME": str(name)})
-    env["HOME"] = str(home)
-    return {**out, "env": env}
+    """What runs a runtime's command as `unix_user` (None: the engine's own user), for
+    `asyncio.create_subprocess_exec` (`userfiles.as_user`, with the engine's PATH, where the
+    runtime is). ImageProblem when there is no such user."""
+    try:
+        return as_user(unix_user, os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin")
+    except HelperFailed as err:
+        raise ImageProblem(str(err)) from None
 
 
 def known_present(image: str, unix_user: str | None) -> bool:
@@ -88,9 +80,19 @@ async def check_readable(path: str, image: str, unix_user: str | None,
 
 
 async def _ask(command: list[str], image: str, unix_user: str | None, timeout_s: float) -> tuple[int, bytes]:
-    """Run `command` as `unix_user` (`as_owner`) within `timeout_s` (then its session is
-    killed); its exit status and what it wrote to stderr. ImageProblem naming `image` when
-    it could not start or gave no answer in time."""
+    """Run `command` as `unix_user` (`as_owner`), in one of their slots (`user_slot`), within
+    `timeout_s` (waiting for the slot included; then its session is killed); its exit status
+    and what it wrote to stderr. ImageProblem naming `image` when it could not start or gave
+    no answer in time."""
+    try:
+        async with user_slot(unix_user, timeout_s) as left:
+            return await _run(command, image, unix_user, left)
+    except HelperFailed as err:  # (no slot in time)
+        raise ImageProblem(f"could not check image {image}: {err}") from None
+
+
+async def _run(command: list[str], image: str, unix_user: str | None, timeout_s: float) -> tuple[int, bytes]:
+    """One run of a check (`_ask`)."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -106,6 +108,6 @@ async def _ask(command: list[str], image: str, unix_user: str | None, timeout_s:
         except ProcessLookupError:
             pass
         raise ImageProblem(f"could not check image {image}: {command[0]} gave no answer within "
-                           f"{timeout_s:g} s") from None
+                           f"{timeout_s:.3g} s") from None
     return proc.returncode if proc.returncode is not None else -1, err_text
 
