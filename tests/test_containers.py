@@ -6,6 +6,7 @@ tests/test_containers_live.py; Apptainer's live test is skipped where it is not 
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -477,3 +478,90 @@ def test_a_users_image_checks_run_a_few_at_a_time_and_hold_up_no_one_else(open_d
         await asyncio.wait_for(asyncio.gather(*mine), 30)  # the rest had their turn
 
     asyncio.run(flood())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as CI runs: cgroups are root's")
+async def test_a_pull_runs_in_a_cgroup_with_its_jobs_limits_and_leaves_nothing(engine, api, tmp_path) -> None:
+    """In-process: a pull runs in a cgroup of its own, made as a job's, from its first process
+    on, with the memory and CPU limits of the job it is for; what it leaves running (a process
+    gone to a session of its own) is killed when it ends, and the cgroup removed. It ran in the
+    engine's cgroup, unlimited, and what it left ran on."""
+    import asyncio
+    import time
+
+    if not engine.state.runner.isolation.enabled:
+        pytest.skip(f"no writable cgroups here: {engine.state.runner.isolation.describe()}")
+    left = f"599.{time.monotonic_ns() % 10**6:06d}"  # (its own, to look for)
+
+    class Confined(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:
+            return ["/bin/sh", "-c", "cat /proc/self/cgroup; "
+                                     "for f in memory.max memory.limit_in_bytes cpu.max cpu.cfs_quota_us; do "
+                                     "for c in $(sed -n 's/^[0-9]*:[^:]*:\\(.*gpujobs\\/pull-.*\\)$/\\1/p' "
+                                     "/proc/self/cgroup); do for m in /sys/fs/cgroup/*; do "
+                                     "[ -r $m$c/$f ] && echo \"$f=$(cat $m$c/$f)\"; done; done; done; "
+                                     f"setsid sleep {left} </dev/null >/dev/null 2>&1 & printf '%064d\\n' 7"]
+
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    engine.state.containers = Containers(runtime="confined", _loaded={"confined": Confined()})
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0,
+                                                  "hold": True, "mem": "300M", "cpus": 1.5})
+    assert status in (200, 201), job
+    job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
+    deadline = time.monotonic() + 30
+    while job_id in engine.state.pulling:
+        assert time.monotonic() < deadline, await api("GET", f"jobs/{job_id}")
+        await asyncio.sleep(0.05)
+    assert engine.state.containers.pulled == {job_id: "7".zfill(64)}, await api("GET", f"jobs/{job_id}")
+    log = (engine.state_dir / "logs" / f"job-{job_id}.log").read_text()
+    places = {line.rpartition(":")[2] for line in log.splitlines() if "/gpujobs/pull-" in line}
+    assert places and all(p.startswith(f"/gpujobs/pull-{job_id}-") for p in places), log
+    limits = set(line for line in log.splitlines() if "=" in line)
+    assert limits & {f"memory.max={300 << 20}", f"memory.limit_in_bytes={300 << 20}"}, log
+    assert limits & {"cpu.max=150000 100000", "cpu.cfs_quota_us=150000"}, log
+    assert subprocess.run(["pgrep", "-f", f"sleep {left}"]).returncode == 1  # what it left was killed
+    place = places.pop()
+    assert not any(os.path.exists(f"{m}{place}") for m in glob.glob("/sys/fs/cgroup/*")), place
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as CI runs: cgroups are root's")
+async def test_a_pull_past_its_jobs_memory_limit_fails_it_saying_so(engine, api, tmp_path) -> None:
+    """In-process: a pull that needs more memory than its job may have is killed at that limit
+    (its cgroup's), and its job ends FAILED saying so, before it takes GPUs."""
+    import asyncio
+    import time
+
+    if not engine.state.runner.isolation.limits()[0]:
+        pytest.skip(f"no memory limits here: {engine.state.runner.isolation.describe()}")
+
+    class Greedy(Runtime):
+        name = program = "sh"
+
+        def local_source(self, image: str) -> str | None:
+            return image.partition(":")[2]
+
+        def pull_command(self, image: str) -> list[str]:
+            return ["/usr/bin/python3", "-c", "b = b'x' * (400 << 20); print('%064d' % len(b))"]
+
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    engine.state.containers = Containers(runtime="greedy", _loaded={"greedy": Greedy()})
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0,
+                                                  "mem": "64M"})
+    assert status in (200, 201), job
+    job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
+    deadline = time.monotonic() + 60
+    while True:
+        status, seen = await api("GET", f"jobs/{job_id}")
+        if seen["state"] != "PENDING":
+            break
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
+    assert seen["reason"] == f"image arch:{archive}: the pull ran out of memory at its limit of 64M (--mem)", seen

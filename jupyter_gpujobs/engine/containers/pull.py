@@ -10,6 +10,9 @@ Owns `Pulls`:
   output appended to the log of each job waiting for it under the cap of the job's own output
   (c.GPUJobs.log_max_bytes, `runners.joblog.CappedLog`), of its lines only the last one kept
   (its first `MAX_LINE` bytes: the image id, or the failure);
+- where the runner confines jobs in cgroups, a pull's own cgroup (`pull-<job id>-<stamp>`, made
+  as a job's by `runners.cgroups`) from its first process on, with the memory and CPU limits of
+  the jobs it is for; at its end whatever it left there is killed and the cgroup removed;
 - a pull's end: its jobs become eligible, or end FAILED with a reason naming the image and the
   runtime's message; its time limit (c.GPUJobs.container_pull_timeout); a pull that no job
   waits for any more (they were cancelled) is stopped;
@@ -17,8 +20,8 @@ Owns `Pulls`:
   under way when the engine stopped runs again.
 
 May call: `containers` (the interface, the site's settings), `containers.present` (the check
-as the owner), `runners.joblog` (a job's log), `runners.users`, `events.Events` (a job's end,
-its publication) and `state.EngineState`.
+as the owner), `runners.joblog` (a job's log), `runners.cgroups` (its cgroup), `runners.users`,
+`events.Events` (a job's end, its publication) and `state.EngineState`.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ import logging
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ...model import Job, JobState, format_duration
+from ..runners import cgroups
 from ..runners.joblog import CappedLog, open_log
 from ..runners.users import NotAUnixUser, account, run_as
 from . import ImageProblem, Runtime
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from ..state import EngineState
 
 log = logging.getLogger("jupyter_gpujobs")
+Limit = TypeVar("Limit", int, float)
 
 #: how often a running pull looks whether any job still waits for it (cancelled: it is stopped)
 WATCH_S = 0.5
@@ -68,6 +74,8 @@ class _Pull:
     last: str = ""  # the last line of output, at most MAX_LINE bytes (podman's: the image id; on failure its error)
     proc: asyncio.subprocess.Process | None = None
     task: asyncio.Future[None] | None = None
+    cgroups: dict[str, str] = field(default_factory=dict)  # where it runs ({}: none, `Pulls._confine`)
+    mem_bytes: int | None = None  # its memory limit
 
 
 class Pulls:
@@ -166,10 +174,20 @@ class Pulls:
         self._line(pull, f"[gpujobs] pulling image {image} as {pull.unix_user or 'the engine user'}, "
                          "before the job takes GPUs")
         self._record(pull, "PULLING", f"pulling image {image}")
-        proc = pull.proc = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, close_fds=True, limit=CHUNK,
-            **as_owner(pull.unix_user))  # type: ignore[arg-type]
+        try:
+            self._confine(pull)
+        except OSError as err:
+            return f"the pull could not be confined in a cgroup: {err.strerror or err}"
+        try:
+            return await self._pull(key, pull, command)
+        finally:
+            await _release(pull.cgroups)
+
+    async def _pull(self, key: tuple[str, str], pull: _Pull, command: list[str]) -> str | None:
+        """Run the pull's `command` (`_fetch`): None once it gave the image, else why not."""
+        settings = self.state.containers
+        runtime, image = pull.runtime, pull.image
+        proc = pull.proc = await _spawn(command, pull.unix_user, pull.cgroups)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(self._read(pull, proc.stdout))
         loop = asyncio.get_running_loop()
@@ -193,6 +211,8 @@ class Pulls:
                 await _stop(proc)
             if not reader.done():
                 reader.cancel()
+        if code != 0 and pull.cgroups and cgroups.oom_killed(pull.cgroups):
+            return f"the pull ran out of memory at its limit of {cgroups.format_bytes(pull.mem_bytes or 0)} (--mem)"
         if code != 0:
             said = pull.last.removeprefix("Error: ").strip() or f"{command[0]} exited with {code}"
             return f"could not be pulled: {said[:400]}"
@@ -234,6 +254,26 @@ class Pulls:
             pull.last = text
             if text.startswith("Copying blob"):
                 pull.copied += 1
+
+    def _confine(self, pull: _Pull) -> None:
+        """The cgroups `pull` is to run in (`pull.cgroups`), made as the runner makes a job's
+        (none where it confines no job: cgroups off or not writable here), with the memory and
+        CPU limits of the jobs it is for (the largest; none where one of them has none). OSError
+        when the host refuses them."""
+        s = self.state
+        iso = getattr(s.runner, "isolation", None)
+        if iso is None or not iso.enabled:
+            return
+        jobs = [s.pending[j] for j in self._waiting(pull)]
+        pull.mem_bytes = _largest([j.mem_bytes for j in jobs])
+        cg = iso.paths(f"pull-{min(pull.jobs)}-{time.time_ns() // 1000:x}")  # (apart from another engine's)
+        try:  # (0755 as a container job's: rootless podman reads its cgroup as the owner)
+            cgroups.create(cg, (), pull.mem_bytes, _largest([j.cpus for j in jobs]), iso.v2_controllers, iso.bpf,
+                           readable=True)
+        except OSError:
+            cgroups.remove(cg)
+            raise
+        pull.cgroups = cg
 
     # ------------------------------------------------------------------ its jobs
 
@@ -306,6 +346,56 @@ class Pulls:
         reason = error if error.startswith(f"image {image}") else f"image {image}: {error}"
         for job_id in job_ids:  # (none of them in `state.pulling`: `_run` took them out)
             self.events.set_state(job_id, JobState.FAILED, "engine", reason, expect=(JobState.PENDING,))
+
+
+def _largest(limits: list[Limit | None]) -> Limit | None:
+    """The largest of the jobs' `limits`; None (no limit) when one of them has none, or no job."""
+    if not limits or any(limit is None for limit in limits):
+        return None
+    return max(limit for limit in limits if limit is not None)
+
+
+#: what a confined pull runs first, as its owner: it waits for the engine to move it into its
+#: cgroups (a line on stdin), then becomes the pull, so nothing of the pull starts outside them
+ENTER = ("/bin/sh", "-c", 'read -r _ && exec "$@"', "sh")
+
+
+async def _spawn(command: list[str], unix_user: str | None, cg: dict[str, str]) -> asyncio.subprocess.Process:
+    """The pull's process: `command` run as `unix_user` (`as_owner`), in its own session, its
+    output (stderr with stdout) to read; in the cgroups `cg` before it execs the pull (`ENTER`).
+    OSError when it cannot start or be moved there (then it is killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *([*ENTER, *command] if cg else command),
+        stdin=asyncio.subprocess.PIPE if cg else asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True, close_fds=True, limit=CHUNK,
+        **as_owner(unix_user))  # type: ignore[arg-type]
+    if cg:
+        assert proc.stdin is not None
+        try:
+            for path in cgroups.procs_files(cg):
+                with open(path, "w") as f:
+                    f.write(str(proc.pid))
+            proc.stdin.write(b"\n")
+            await proc.stdin.drain()
+        except OSError:
+            await _stop(proc)
+            raise
+        finally:
+            proc.stdin.close()
+    return proc
+
+
+async def _release(cg: dict[str, str]) -> None:
+    """A pull's cgroups once it ended: whatever of it is left there (a process it left behind)
+    is killed, and they are removed."""
+    if not cg:
+        return
+    cgroups.kill(cg)
+    for _ in range(100):  # (the killed are gone at once, unless stuck in the kernel: then left to it)
+        if not cgroups.populated(cg):
+            break
+        await asyncio.sleep(0.05)
+    cgroups.remove(cg)
 
 
 def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
