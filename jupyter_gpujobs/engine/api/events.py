@@ -1,5 +1,6 @@
 """The websocket of the engine's events: job state changes (as each viewer may see them),
-GPU updates, and the monitor's findings to whom may see them.
+GPU updates, the monitor's findings to whom may see them, and budget warnings to the users
+whose budget it is and the admins.
 
 May call: `base`, `monitor.may_see`, the JobService's subscription and views."""
 
@@ -20,7 +21,9 @@ from .base import AuthorizedWebSocket, job_owner
 class EventsHandler(AuthorizedWebSocket):
     """Websocket of job state changes (`{"type": "job", ...}`), GPU updates (`{"type": "gpus"}`)
     and the monitor's findings as they open and close (`{"type": "finding", "finding": {...}}`),
-    the last only to whom `GET findings` shows them: the finding's user and admins."""
+    the last only to whom `GET findings` shows them: the finding's user and admins. A budget's
+    warning (`{"type": "budget"}`, for the notifier) only to the users it names and admins,
+    as `GET budgets` shows budgets."""
 
     @property
     def service(self) -> JobService:
@@ -40,8 +43,11 @@ class EventsHandler(AuthorizedWebSocket):
     GPUS_EVERY_S = 1.0
 
     def _send(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "finding" and not may_see(message["finding"], self._viewer, self._admin):
+        kind = message.get("type")
+        if kind == "finding" and not may_see(message["finding"], self._viewer, self._admin):
             return
+        if kind == "budget" and not (self._admin or self._viewer in message.get("users", ())):
+            return  # (as `GET budgets`: a user's own, and those of their groups)
         try:
             self.write_message(self._text(message))
         except websocket.WebSocketClosedError:
