@@ -2,15 +2,21 @@
 root engine (`tests/team.py`):
 
 - a budget's warning goes to the users whose budget it is (and admins), never to every
-  websocket: another's GPU-hours are theirs, as `GET budgets` keeps them.
+  websocket: another's GPU-hours are theirs, as `GET budgets` keeps them;
+- a client that opens the websocket and never reads it is disconnected once its unread
+  messages pass a bound, so that the engine does not keep them for it without end; a client
+  that reads gets the same burst whole.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from team import USERS, Team, missing
+from team import USER_PYTHON, USERS, Team, as_user, missing, user_env
 from test_security_api import EventFeed, wait_for
 
 U1, U2 = USERS
@@ -48,3 +54,69 @@ def test_a_budget_warning_goes_only_to_whom_it_concerns(team: Team) -> None:
         with team.socket_client() as root:
             root.put("budgets", json={"scope": "users", "name": U1, "budget": None})
 
+
+#: As the user: open the events websocket on the engine's socket with a small receive buffer,
+#: say so, read nothing until told to, then read to its end (or for 60 s) and say what came.
+SLOW_READER = r"""
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(sys.argv[1])
+s.sendall(b"GET /gpujobs/api/events HTTP/1.1\r\nHost: engine\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+print(json.dumps(head.split(b"\r\n")[0].decode()), flush=True)
+sys.stdin.readline()
+s.settimeout(60)
+got, eof = 0, False
+deadline = time.monotonic() + 60
+try:
+    while time.monotonic() < deadline:
+        data = s.recv(1 << 16)
+        if not data:
+            eof = True
+            break
+        got += len(data)
+except OSError:
+    eof = True  # (reset by the engine)
+print(json.dumps({"bytes": got, "eof": eof}), flush=True)
+"""
+
+
+def test_a_websocket_that_is_never_read_is_closed(team: Team) -> None:
+    """Every message for a websocket that its client does not read waited in the engine's
+    memory: a user who opened websockets and never read them grew the engine without end."""
+    home = team.base / U2
+    reader = subprocess.Popen(as_user(U2, [str(USER_PYTHON), "-c", SLOW_READER, str(team.socket)]),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=home,
+                              env=user_env(U2, home))
+    assert reader.stdout is not None and reader.stdin is not None
+    try:
+        assert "101" in json.loads(reader.stdout.readline())
+        dropped = f"closing the events websocket of {U2}"
+        with EventFeed(team.servers[U1]) as reading, team.socket_client() as root:
+            last = None
+            for _ in range(4):  # a burst of job changes: 600 tasks submitted, then cancelled
+                r = root.post("jobs", json={"command": "true", "gpus": 0, "begin": "+1d", "array": "0-599"})
+                assert r.status_code == 201, r.text
+                tasks = r.json()["array_tasks"]
+                assert root.post("jobs/cancel", json={"array": tasks[0]}).json()["cancelled"] == tasks
+                last = tasks[-1]
+                if dropped in team.engine_log.read_text():
+                    break
+            wait_for("the unread websocket closed", lambda: dropped in team.engine_log.read_text())
+            # a client that reads has the whole burst, and stays
+            wait_for("the last cancel on a reading websocket", lambda: any(
+                m["type"] == "job" and m["job"]["id"] == last and m["job"]["state"] == "CANCELLED"
+                for m in reading.messages), timeout=120)
+            assert dropped.replace(U2, U1) not in team.engine_log.read_text()
+        reader.stdin.write("read\n")
+        reader.stdin.flush()
+        seen: dict[str, Any] = json.loads(reader.stdout.readline())
+        assert seen["eof"] is True, seen
+        assert team.servers[U2].api("GET", "whoami").status_code == 200
+    finally:
+        reader.kill()
+        reader.wait()
