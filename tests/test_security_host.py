@@ -11,7 +11,9 @@ state dir and claim dir; issue 34, part 1):
 - two users' jobs do not see each other's /tmp or /dev/shm, and a job's /tmp goes with it;
 - a job writing far past the log cap leaves a log of bounded size: its head, its newest
   output and a line saying what was cut;
-- `jupyter gpujobs doctor` says whether /proc hides other users' processes (hidepid).
+- `jupyter gpujobs doctor` says whether /proc hides other users' processes (hidepid);
+- a job that leaves its /tmp deeper than Python's recursion limit still ends as it ended, and
+  that /tmp goes with it; the retention removes such a run directory too, following no link.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pytest
 from team import REPO, USER_PYTHON, USERS, Team, as_user, missing
 
 from jupyter_gpujobs.doctor import OK, WARN, Context, check_hidepid, proc_mount_options
+from jupyter_gpujobs.engine import retention
 from jupyter_gpujobs.engine.gpus import FakeBackend
 from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.model import parse_fake_gpus
@@ -275,3 +278,39 @@ def test_doctor_as_a_user_of_the_shared_engine_reports_private_tmp_and_hidepid(t
     assert "private /tmp and /dev/shm per job" in rows["isolation"]["found"] and rows["isolation"]["status"] == OK
     hidden = (proc_mount_options() or {}).get("hidepid", "0") in ("1", "2", "4", "noaccess", "invisible", "ptraceable")
     assert rows["/proc"]["status"] == (OK if hidden else WARN), rows["/proc"]
+
+
+#: a folder tree deeper than Python's recursion limit (1000 frames), made by a shell loop
+DEEP = 1500
+
+
+@needs_team
+def test_a_job_whose_tmp_is_deeper_than_the_recursion_limit_ends_as_it_did_and_its_tmp_goes(
+        team: PlantedTeam) -> None:
+    job_id = submit(team, U1, f"cd /tmp && i=0; while [ $i -lt {DEEP} ]; do mkdir d && cd d || exit 1; "
+                              "i=$((i+1)); done; echo depth $i")
+    job = team.wait_state(job_id, ("COMPLETED", "FAILED"))
+    assert f"depth {DEEP}".encode() in log_of(team, job_id)
+    assert (job["state"], job["reason"]) == ("COMPLETED", "completed"), job  # not "supervisor error"
+    assert not list((team.base / "engine" / "run").glob(f"job-{job_id}-*/tmp"))  # removed before the result
+
+
+def test_the_retention_removes_a_run_dir_of_any_depth_and_follows_no_link(tmp_path: Path) -> None:
+    run_root, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("not the run's")
+    job_dir = run_root / "job-7-abc1"
+    (job_dir / "tmp").mkdir(parents=True)
+    (job_dir / "result.json").write_text("{}")
+    (job_dir / "tmp" / "to-outside").symlink_to(outside)
+    fd = os.open(job_dir / "tmp", os.O_RDONLY)
+    for _ in range(DEEP):
+        os.mkdir("d", dir_fd=fd)
+        os.symlink(str(outside), "link", dir_fd=fd)
+        below = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(fd)
+    removed = retention.remove({7: retention.JobFiles(run_dirs=[job_dir])}, run_root, None)
+    assert (removed.jobs, removed.run_dirs) == ([7], 1)
+    assert not job_dir.exists() and (outside / "kept").read_text() == "not the run's"

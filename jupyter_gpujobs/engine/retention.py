@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from .runners.jobtmp import remove_tree
 from .runners.shim import read_json
 
 log = logging.getLogger("jupyter_gpujobs")
@@ -117,17 +117,6 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-        for name in dirnames + filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def remove(files: dict[int, JobFiles], run_root: Path | None, logs_root: Path | None) -> Removed:
     """Remove the given jobs' run directories and logs (the caller decided they may go).
     A run whose processes may still be alive is kept, and so is that job's log."""
@@ -142,9 +131,8 @@ def remove(files: dict[int, JobFiles], run_root: Path | None, logs_root: Path | 
                 out.kept_alive.append(job_dir)
                 kept = True
                 continue
-            size = _tree_bytes(job_dir)
             try:
-                shutil.rmtree(job_dir)
+                size = remove_tree(str(job_dir))  # (however deep a job made its /tmp in it)
             except OSError as err:
                 log.warning("gpujobs: could not remove %s: %s", job_dir, err)
                 kept = True

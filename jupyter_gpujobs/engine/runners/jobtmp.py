@@ -1,6 +1,7 @@
 """A job's private /tmp and /dev/shm, for its supervisor (`shim.py`): the folder that is the
 job's /tmp in its run directory (`make_job_tmp`, `remove_job_tmp`), the mount namespace the
-job's child process enters before exec (`private_mounts`), the runner's probe of whether this
+job's child process enters before exec (`private_mounts`), the removal of a folder tree however
+deep (`remove_tree`, the retention's too), the runner's probe of whether this
 host allows it (`probe_private_mounts`), and the C library handle these calls use (`_libc`,
 loaded once; the supervisor's subreaper call uses it too).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import errno as errno_
 import os
+import stat
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +104,71 @@ def make_job_tmp(job_dir: str, keep: Sequence[str] = ()) -> str:
 
 
 def remove_job_tmp(path: str) -> None:
-    """Remove a job's /tmp once nothing of the job runs (never following a link in it)."""
-    import shutil
+    """Remove a job's /tmp once nothing of the job runs (never following a link in it,
+    however deep the job made it: `remove_tree`)."""
+    try:
+        remove_tree(path)
+    except OSError:
+        pass
 
-    shutil.rmtree(path, ignore_errors=True)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> int:
+    """Remove `path` and everything under it, never following a symbolic link; the bytes its
+    files held (lstat's sizes). OSError at the first entry that cannot be removed.
+
+    A loop, not shutil.rmtree or os.walk: before Python 3.12 those recurse once per level, and
+    a job makes its /tmp deeper than the recursion limit with a shell loop (RecursionError:
+    the supervisor's result lost, the run directory left, every retention pass failing on
+    it). It holds two folders open at most: going up is `..` of the folder it emptied,
+    checked to be the folder it came down from."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return st.st_size
+    freed = 0
+    fd = os.open(path, _DIR_FLAGS)
+    down: list[tuple[str, tuple[int, int]]] = []  # (name, (st_dev, st_ino)) of each folder below `path`
+    ids = (st.st_dev, st.st_ino)
+    try:
+        while True:
+            child: str | None = None
+            seen = False
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    seen = True
+                    est = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(est.st_mode):
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+                    freed += est.st_size
+            if child is not None:
+                below = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = below
+                bst = os.fstat(fd)
+                down.append((child, ids))
+                ids = (bst.st_dev, bst.st_ino)
+                continue
+            if seen:
+                continue  # read it again until it reads empty
+            if not down:
+                break
+            name, ids = down.pop()
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            ust = os.fstat(up)
+            os.close(fd)
+            fd = up
+            if (ust.st_dev, ust.st_ino) != ids:
+                raise OSError(errno_.ESTALE, f"a folder under {path} was moved while it was being removed")
+            os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+    return freed
