@@ -225,9 +225,10 @@ PUBLIC_FIELDS = frozenset({
 
 def redact(view: dict[str, Any]) -> dict[str, Any]:
     """A job view without its private data: the other fields are None, and `private` is true.
-    Why it ended is only its end (`model.public_reason`): the reason may name its command."""
+    Why it ended is only its end (`model.public_reason`): the reason may name its command;
+    why it waits without its image (`_public_reason`)."""
     out: dict[str, Any] = {k: (v if k in PUBLIC_FIELDS else None) for k, v in view.items()}
-    out["reason"] = public_reason(view.get("state"), view.get("reason"))
+    out["reason"] = _public_reason(view.get("state"), view.get("reason"), view.get("image"))
     out["depends"] = []
     out["private"] = True
     return out
@@ -246,9 +247,20 @@ def gpu_views_for(views: list[dict[str, Any]], admin: bool) -> list[dict[str, An
     return out
 
 
-def redact_event(event: dict[str, Any]) -> dict[str, Any]:
-    """A job's event without its private data: no data, and the reason as `redact` gives it."""
+def redact_event(event: dict[str, Any], image: str | None = None) -> dict[str, Any]:
+    """A job's event without its private data: no data, and the reason as `redact` gives it
+    (`image`: the job's, which its reason must not name)."""
     out = {k: event.get(k) for k in ("job_id", "time", "state", "actor", "reason")}
-    out["reason"] = public_reason(out["state"], out["reason"])
+    out["reason"] = _public_reason(out["state"], out["reason"], image)
     out["data"] = {}
     return out
+
+
+def _public_reason(state: str | None, reason: str | None, image: str | None) -> str | None:
+    """`model.public_reason`, and the job's image (private: a path in its owner's folder, a
+    registry of theirs) out of it: a waiting job's reason is the progress of its image's pull,
+    "pulling image docker-archive:/home/ann/x.tar: ..." shows as "pulling its image: ..."."""
+    reason = public_reason(state, reason)
+    if image and reason and image in reason:
+        reason = reason.replace(f"image {image}", "its image").replace(image, "its image")
+    return reason

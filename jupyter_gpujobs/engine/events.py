@@ -118,7 +118,8 @@ class Events:
         queue view (`redact`), its event without its data."""
         if self.access.may_see(message["job"], viewer):
             return message
-        return {**message, "job": redact(message["job"]), "event": redact_event(message["event"])}
+        return {**message, "job": redact(message["job"]),
+                "event": redact_event(message["event"], message["job"].get("image"))}
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Hand a message (`{"type": ...}`) to every listener: the events websockets, which
