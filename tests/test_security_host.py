@@ -13,7 +13,9 @@ state dir and claim dir; issue 34, part 1):
   output and a line saying what was cut;
 - `jupyter gpujobs doctor` says whether /proc hides other users' processes (hidepid);
 - a job that leaves its /tmp deeper than Python's recursion limit still ends as it ended, and
-  that /tmp goes with it; the retention removes such a run directory too, following no link.
+  that /tmp goes with it; the retention removes such a run directory too, following no link;
+- a link a user put in the MPS log folder (open to all) is not written through by the root
+  MPS control daemon.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import hashlib
 import json
 import os
 import pwd
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +39,7 @@ from team import REPO, USER_PYTHON, USERS, Team, as_user, missing
 from jupyter_gpujobs.doctor import OK, WARN, Context, check_hidepid, proc_mount_options
 from jupyter_gpujobs.engine import retention
 from jupyter_gpujobs.engine.gpus import FakeBackend
+from jupyter_gpujobs.engine.runners.mps import MPSControl
 from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.model import parse_fake_gpus
 
@@ -314,3 +319,38 @@ def test_the_retention_removes_a_run_dir_of_any_depth_and_follows_no_link(tmp_pa
     removed = retention.remove({7: retention.JobFiles(run_dirs=[job_dir])}, run_root, None)
     assert (removed.jobs, removed.run_dirs) == ([7], 1)
     assert not job_dir.exists() and (outside / "kept").read_text() == "not the run's"
+
+
+#: a stand-in for nvidia-cuda-mps-control -d (not on this machine): it appends to its log, as
+#: the real daemon does, and makes its control pipe
+FAKE_MPS_CONTROL = """#!/bin/sh
+echo "daemon started" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+@needs_team
+def test_root_mps_daemon_does_not_write_through_a_link_a_user_put_in_its_log_folder() -> None:
+    base = Path(tempfile.mkdtemp(prefix="gpujobs-mps-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        fake = base / "fake-mps-control"
+        fake.write_text(FAKE_MPS_CONTROL)
+        fake.chmod(0o755)
+        victim = base / "roots-file"
+        victim.write_text("root's own\n")
+        mps = MPSControl(base / "pipe", base / "log", binary=str(fake))
+        _pipe, logs = mps.dirs("GPU-1")
+        logs.mkdir(parents=True)  # the folder as the engine opens it to all, before its daemon starts
+        logs.chmod(0o1777)
+        logs.parent.chmod(0o755)
+        planted = logs / "control.log"
+        subprocess.run(as_user(U1, ["ln", "-s", str(victim), str(planted)]), check=True)
+        assert planted.is_symlink()
+        assert mps.ensure("GPU-1") is not None, mps.failed
+        assert victim.read_text() == "root's own\n"
+        st = os.lstat(planted)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and planted.read_text() == "daemon started\n"
+        assert stat.S_IMODE(logs.stat().st_mode) == 0o1777
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -4,7 +4,9 @@ control daemon per shared GPU and the limits each share's job gets from the driv
 - `MPSControl.ensure(uuid)` starts `nvidia-cuda-mps-control -d` for one GPU (or MIG instance)
   with CUDA_VISIBLE_DEVICES=<its UUID> and a pipe and a log directory of its own
   (`<pipe_dir>/<uuid>`, `<log_dir>/<uuid>`), once: a daemon whose control pipe is there already
-  (started before an engine restart) is used as it is. Daemons stay up when the engine stops,
+  (started before an engine restart) is used as it is. The log folder is open to all (each
+  user's MPS server logs there); the daemon's own `control.log` in it is made the engine's
+  first (`own_control_log`), so the root daemon never writes through a user's link. Daemons stay up when the engine stops,
   because the jobs on them outlive it.
 - `MPSControl.job_env(...)`: what a job holding a share of that GPU gets: the daemon's
   CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (its memory
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -68,6 +71,7 @@ class MPSControl:
             logs.mkdir(parents=True, exist_ok=True)
             for folder in (pipe.parent, pipe, logs.parent):
                 os.chmod(folder, 0o755)  # every job's user reaches the daemon (the engine's umask is 077)
+            own_control_log(logs)
             os.chmod(logs, 0o1777)  # the MPS server runs as its clients' user and writes its log here
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
                    "CUDA_MPS_LOG_DIRECTORY": str(logs)}
@@ -94,6 +98,25 @@ class MPSControl:
             subprocess.run([self.path], input="quit\n", env=env, capture_output=True, text=True, timeout=15)
         except (OSError, subprocess.SubprocessError) as err:
             log.warning("gpujobs: could not stop the MPS control daemon of GPU %s: %s", uuid, err)
+
+
+def own_control_log(logs: Path) -> None:
+    """Make `logs/control.log`, which the root daemon appends to, the engine's own regular file
+    before the daemon starts. The folder is open to every user (1777: each user's MPS server
+    writes its server.log there), so a link a user put at that name would have the daemon
+    write, as root, into any file the user named (where fs.protected_symlinks is off), and a
+    file of theirs there would get the daemon's log. Anything but the engine's own file there
+    is removed; the sticky bit keeps the new one the engine's. OSError when a user puts
+    something there again between the removal and the making (the daemon is then not started)."""
+    path = logs / "control.log"
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+            return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
 
 def mps_job_env(pipe: Path, logs: Path, memory_bytes: int, fraction: float) -> dict[str, str]:
