@@ -107,3 +107,32 @@ async def test_cli_show_and_cancel_of_another_users_job(jp_fetch: Any, engine: A
     assert code == 0 and json.loads(out)["private"] is True and json.loads(out)["events"] == []
     code, out, err = await cli("cancel", str(job["id"]))
     assert code == 1 and err.count(f"job {job['id']}") == 1 and "belongs to ann" in err, err
+
+
+async def test_cancel_of_many_ids_reads_the_store_in_chunks(jp_fetch: Any, engine: Any) -> None:
+    """`POST jobs/cancel {"ids": [...]}` cancels the caller's own of them and says why not for
+    the others (another's, none such). A job looked up one by one, 100,000 ids (a body under
+    1 MiB) held the engine's loop, and every user's request, for 15 s."""
+    from sqlalchemy import event
+
+    mine = (await call(jp_fetch, "bob", "POST", "jobs", {"command": "true", "gpus": 0, "begin": "+1d"}))[1]["id"]
+    theirs = (await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 0, "begin": "+1d"}))[1]["id"]
+    ended = (await call(jp_fetch, "bob", "POST", "jobs", {"command": "true", "gpus": 0, "begin": "+1d"}))[1]["id"]
+    assert (await call(jp_fetch, "bob", "DELETE", f"jobs/{ended}"))[0] == 200
+    unknown = list(range(10**9, 10**9 + 20_000))
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine.store.engine, "before_cursor_execute", count)
+    try:
+        code, out = await call(jp_fetch, "bob", "POST", "jobs/cancel", {"ids": [theirs, *unknown, mine, ended, mine]})
+    finally:
+        event.remove(engine.store.engine, "before_cursor_execute", count)
+    assert code == 200 and out["cancelled"] == [mine] and out["stopping"] == [], out
+    assert out["errors"][str(theirs)] == f"job {theirs} belongs to ann; only they or an admin may change it"
+    assert out["errors"][str(unknown[0])] == f"no job {unknown[0]}" and len(out["errors"]) == 1 + len(unknown)
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) <= 10, f"{len(reads)} reads of the store for {len(unknown) + 4} ids"
+    assert (await call(jp_fetch, "ann", "GET", f"jobs/{theirs}"))[1]["state"] == "PENDING"

@@ -70,7 +70,34 @@ class Access:
 
     def check_owner(self, job: Job, user: str) -> None:
         if job.user != user and not self.is_admin(user):
-            raise PermissionDenied(f"job {job.id} belongs to {job.user}; only they or an admin may change it")
+            raise PermissionDenied(_not_theirs(job))
+
+    #: How many ids one read of the store looks up (SQLite takes 32766 variables in one
+    #: statement, PostgreSQL 65535)
+    LOOKUP_CHUNK = 5000
+
+    def changeable(self, ids: list[int], user: str) -> tuple[list[Job], dict[str, str]]:
+        """Of `ids`, the jobs `user` may change (`check_owner`), each once, in their order, and
+        why not for each other id (keyed by the id as text): no such job, or another's. The
+        ids of no active job are read from the store together, a chunk at a time: read one by
+        one, a cancel of 100,000 ids held the engine (every user's request) for 15 s."""
+        s = self.state
+        ids = list(dict.fromkeys(ids))
+        found = {i: job for i in ids if (job := s.active_job(i)) is not None}
+        rest = [i for i in ids if i not in found]
+        for start in range(0, len(rest), self.LOOKUP_CHUNK):
+            found.update(s.store.get_many(rest[start:start + self.LOOKUP_CHUNK]))
+        jobs: list[Job] = []
+        errors: dict[str, str] = {}
+        for job_id in ids:
+            job = found.get(job_id)
+            if job is None:
+                errors[str(job_id)] = f"no job {job_id}"  # (as `EngineState.get` says)
+            elif job.user != user and not self.is_admin(user):
+                errors[str(job_id)] = _not_theirs(job)
+            else:
+                jobs.append(job)
+        return jobs, errors
 
     def get_private(self, job_id: int, viewer: str | None) -> Job:
         """A job whose private data (log, events, stats) `viewer` may see; PermissionDenied
@@ -207,6 +234,11 @@ class Access:
             return list(islice(self._in_queue_order(), offset, min(offset + limit, total))), total
         mine = [job for job in self._in_queue_order() if job.user == user]
         return mine[offset:offset + limit], len(mine)
+
+
+def _not_theirs(job: Job) -> str:
+    """Why someone else may not change `job` (`check_owner`)."""
+    return f"job {job.id} belongs to {job.user}; only they or an admin may change it"
 
 
 #: An expected start this far in the past, its job still waiting, is known to be wrong: the

@@ -23,7 +23,7 @@ from typing import Any
 from ..checkpoint import checkpoint_dir
 from ..model import GPU, Job, JobState, format_duration, preempt_grace, retry_wait_s
 from .access import Access
-from .errors import NotFound, PermissionDenied
+from .errors import PermissionDenied
 from .events import Events
 from .inventory import Inventory
 from .kernels import Kernels
@@ -236,15 +236,8 @@ class Supervisors:
         errors: dict[str, str] = {}
         targets: list[Job] = []
         if ids is not None:
-            for job_id in dict.fromkeys(ids):
-                try:
-                    job = s.get(job_id)
-                    self.access.check_owner(job, user)
-                except (NotFound, PermissionDenied) as err:
-                    errors[str(job_id)] = str(err)
-                    continue
-                if not job.state.is_final:
-                    targets.append(job)
+            owned, errors = self.access.changeable(ids, user)
+            targets = [job for job in owned if not job.state.is_final]
         else:
             if of_user is not None and of_user != user and not self.access.is_admin(user):
                 raise PermissionDenied(f"only {of_user} or an admin may cancel the jobs of {of_user}")
