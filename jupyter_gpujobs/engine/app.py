@@ -115,7 +115,10 @@ def build_engine(cfg: GPUJobs, log: logging.Logger, *, data_dir: Path, root_dir:
         admin_group=admin_group,
         private_data=private_data,
         gpu_claim=claim,
-        run_as_owner=cfg.run_as_owner,
+        # the shared engine knows its users by uid, so every owner was a Unix user when it
+        # submitted: one not found at launch (account deleted, directory service down) fails
+        # its job ("always") instead of having it run as the engine's user, root
+        run_as_owner="always" if shared and cfg.run_as_owner == "auto" and os.geteuid() == 0 else cfg.run_as_owner,
         job_python=cfg.job_python,
         group_members={k: list(v) for k, v in cfg.group_members.items()},
         kill_grace_s=cfg.seconds("kill_grace"),
