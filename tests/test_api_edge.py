@@ -123,3 +123,27 @@ def test_list_and_dict_settings_on_the_command_line() -> None:
 def test_bad_settings_are_refused_by_name(arg: str, words: str) -> None:
     with pytest.raises(TraitError, match=words):
         _settings(arg)
+
+
+async def test_gpu_samples_answer_a_bounded_number_of_readings(api: Any, monitor: Any) -> None:
+    """`GET gpus/samples` without `step` answers at most MAX_SAMPLES readings, 400 naming `since`
+    past that: `since=0` on a year of 8 GPUs' readings built an 80 MB answer on the engine's
+    loop for 10 s, every user's request waiting."""
+    from sqlalchemy import insert
+
+    from jupyter_gpujobs.engine.api.monitor import MAX_SAMPLES
+    from jupyter_gpujobs.engine.store.tables import GPUSampleRow
+
+    now = time.time()
+    per_gpu = MAX_SAMPLES // 4 + 1  # 5 GPUs' together are over the bound, one GPU's within it
+    rows = [{"host": "elsewhere", "gpu_index": 100 + gpu, "resolution": 60, "time": now - 80000 + k * 10, "count": 1,
+             "utilization": 50.0} for gpu in range(5) for k in range(per_gpu)]
+    with monitor.store.session() as s:
+        s.execute(insert(GPUSampleRow), rows)
+        s.commit()
+    status, out = await api("GET", "gpus/samples", params={"since": "1d"})
+    assert status == 400 and out["field"] == "since" and f"more than {MAX_SAMPLES} readings" in out["message"], out
+    status, out = await api("GET", "gpus/samples", params={"since": "1d", "gpu": "100", "resolution": "60"})
+    assert status == 200 and len(out["samples"]) == per_gpu
+    status, out = await api("GET", "gpus/samples", params={"since": "1d", "step": "3600"})
+    assert status == 200 and out["step"] == 3600

@@ -7,8 +7,8 @@ next to handlers.py `HANDLERS` by the Jupyter extension and the shared engine):
 - `POST gpus/foreign {"gpu": 2, "host": "localhost", "override": true, "reason": "..."}`: admins
   let the queue hand out a GPU that a process outside the queue uses (until it is seen
   unused), or take that back with `"override": false`
-- `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings; with
-  `step=N`, per GPU in buckets of N seconds (for charts)
+- `GET gpus/samples?gpu=&since=&until=&resolution=0|60|3600`: stored GPU readings (at most
+  MAX_SAMPLES: 400 over it); with `step=N`, per GPU in buckets of N seconds (for charts)
 - `GET jobs/{id}/stats`: a job's GPU utilization and memory (mean, peak), its runtime
   prediction and its findings
 - `GET usage?since=&until=&by=user|group|model`: GPU-hours
@@ -136,6 +136,11 @@ class ForeignOverrideHandler(GPUJobsHandler):
         self.reply({"gpus": self.service.access.gpu_views_for(self.service.gpu_views(), self.owner)})
 
 
+#: The most readings one `GET gpus/samples` (without `step`) answers with: all of a year's
+#: readings of 8 GPUs (about 270,000) held the engine's loop, every user's request, for 10 s.
+MAX_SAMPLES = 20_000
+
+
 class GPUSamplesHandler(MonitorHandler):
     @web.authenticated
     @authorized
@@ -148,7 +153,11 @@ class GPUSamplesHandler(MonitorHandler):
             raise ApiError(400, "resolution", "expected 0 (raw), 60 or 3600")
         step = self.int_arg("step", None, low=1, high=366 * 86400)
         if step is None:
-            self.reply({"samples": self.monitor.gpu_samples(since, until, gpu, resolution)})
+            samples = self.monitor.gpu_samples(since, until, gpu, resolution, limit=MAX_SAMPLES + 1)
+            if len(samples) > MAX_SAMPLES:
+                raise ApiError(400, "since", f"more than {MAX_SAMPLES} readings from since to until; ask for a "
+                                             "shorter range, one gpu, a resolution (60 or 3600), or buckets (step)")
+            self.reply({"samples": samples})
             return
         if resolution is not None:
             raise ApiError(400, "step", "give either step or resolution")

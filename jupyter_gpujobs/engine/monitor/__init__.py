@@ -534,8 +534,9 @@ class Monitor:
 
         return render(self.registry)
 
-    def gpu_samples(self, since: float, until: float, gpu: int | None, resolution: int | None) -> list[dict[str, Any]]:
-        return mstore.samples(self.store, since, until, resolution=resolution, gpu_index=gpu)
+    def gpu_samples(self, since: float, until: float, gpu: int | None, resolution: int | None,
+                    limit: int | None = None) -> list[dict[str, Any]]:
+        return mstore.samples(self.store, since, until, resolution=resolution, gpu_index=gpu, limit=limit)
 
     def gpu_series(self, since: float, until: float, step: int, gpu: int | None) -> list[dict[str, Any]]:
         return mstore.sample_series(self.store, since, until, step, gpu_index=gpu)

@@ -279,8 +279,8 @@ def count_samples(store: Store) -> dict[int, int]:
 
 
 def samples(store: Store, since: float, until: float, resolution: int | None = None,
-            gpu_index: int | None = None, host: str | None = None) -> list[dict[str, Any]]:
-    """Stored rows in [since, until), oldest first."""
+            gpu_index: int | None = None, host: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Stored rows in [since, until), oldest first (the first `limit` of them, when given)."""
     q = select(GPUSampleRow).where(GPUSampleRow.time >= since, GPUSampleRow.time < until).order_by(GPUSampleRow.time)
     if resolution is not None:
         q = q.where(GPUSampleRow.resolution == resolution)
@@ -288,6 +288,8 @@ def samples(store: Store, since: float, until: float, resolution: int | None = N
         q = q.where(GPUSampleRow.gpu_index == gpu_index)
     if host is not None:
         q = q.where(GPUSampleRow.host == host)
+    if limit is not None:
+        q = q.limit(limit)
     with store.session() as s:
         rows = s.scalars(q).all()
     return [{"host": r.host, "gpu": r.gpu_index, "uuid": r.gpu_uuid, "resolution": r.resolution, "time": r.time,
