@@ -147,3 +147,33 @@ async def test_gpu_samples_answer_a_bounded_number_of_readings(api: Any, monitor
     assert status == 200 and len(out["samples"]) == per_gpu
     status, out = await api("GET", "gpus/samples", params={"since": "1d", "step": "3600"})
     assert status == 200 and out["step"] == 3600
+
+
+async def test_a_report_over_history_leaves_the_engine_answering(api: Any, monitor: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports that read a range of history (usage, heatmap, queue history, GPU readings,
+    accounting) run off the engine's loop: over a year of history one took 1 to 3 s on it,
+    every user's request and the scheduler waiting, and anyone may ask for them."""
+    import asyncio
+    import threading
+
+    from jupyter_gpujobs.engine.api import monitor as handlers
+
+    real = handlers.usage_report
+    entered, go_on = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def long_report(*args: Any, **kwargs: Any) -> Any:  # a report that lasts until the test says
+        entered.set()
+        released.append(go_on.wait(30))  # (on the engine's loop nothing answers meanwhile: it times out)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "usage_report", long_report)
+    usage = asyncio.ensure_future(api("GET", "usage", params={"since": "30d"}))
+    while not entered.is_set():
+        await asyncio.sleep(0.01)
+    assert (await api("GET", "whoami"))[0] == 200  # answered while the report runs
+    go_on.set()
+    status, out = await usage
+    assert status == 200 and "rows" in out
+    assert released == [True], "the report held the engine's loop: nothing was answered until it ended"

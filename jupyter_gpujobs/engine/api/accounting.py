@@ -11,7 +11,8 @@
   period, as `sacct` gives them (admins: every job, or a user's; others: their own)
 
 Handlers only decode, check roles and call the rules (engine/rules.py) or the store's
-accounting (store/accounting.py); they hold no rules of their own.
+accounting (store/accounting.py), whose reads of a period run off the engine's loop
+(`base.report`); they hold no rules of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tornado import web
 
 from ..monitor.usage import time_range
 from ..store import accounting
+from .base import report
 from .handlers import API, ApiError, GPUJobsHandler
 
 ACTIONS = ("quota", "budget", "reservation", "drain", "foreign", "cancel")
@@ -59,7 +61,8 @@ class AuditHandler(GPUJobsHandler):
         if action is not None and action not in ACTIONS:
             raise ApiError(400, "action", f"unknown action {action!r}; actions are {', '.join(ACTIONS)}")
         limit = self.int_arg("limit", 1000, low=1, high=100_000) or 1000
-        rows = accounting.list_audit(self.service.store, since, until, action, self.text_arg("actor"), limit)
+        rows = await report(accounting.list_audit, self.service.store, since, until, action, self.text_arg("actor"),
+                            limit)
         self.reply({"since": since, "until": until, "audit": rows})
 
 
@@ -73,7 +76,7 @@ class AccountingHandler(GPUJobsHandler):
         if fmt not in ("json", "csv"):
             raise ApiError(400, "format", "expected json or csv")
         user = self.service.access.records_of(self.owner, self.text_arg("user"), "jobs")
-        records = accounting.job_records(self.service.store, since, until, now, user)
+        records = await report(accounting.job_records, self.service.store, since, until, now, user)
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.finish(accounting.records_csv(records))

@@ -4,19 +4,22 @@ jupyter_server, argument checks, and the JobService's errors turned into JSON 4x
 `{"message": ..., "field": ...}`), `ApiError`, and the authorized websocket.
 
 May call: jupyter_server and tornado, `model` (input checks), `errors`, the store's
-`store_trouble`. The handler modules of this package build on it; it imports none
+`store_trouble`; `report` runs a handler's read of history in a thread pool of its own. The handler modules of this package build on it; it imports none
 of them."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import logging
 import math
 import re
-from functools import lru_cache
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import ws_authenticated
@@ -36,6 +39,20 @@ SPEC_PATH = Path(__file__).with_name("openapi.json")
 MAX_JSON_DEPTH = 32
 #: Retry-After (seconds) of a 503 while the store cannot be written (its database down, read-only)
 RETRY_AFTER_S = 5
+
+
+T = TypeVar("T")
+
+#: Where reports over a range of the store's history run (usage, the heatmap, the queue's
+#: history, GPU readings, accounting records), two at a time, off the engine's loop: over a
+#: year of history one took 1 to 3 s, and on the loop every user's request and the scheduler
+#: waited for it. Those who ask for many wait for each other here.
+_REPORTS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpujobs-report")
+
+
+async def report(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` (a read of the store, which is safe in a thread) off the loop."""
+    return await asyncio.get_running_loop().run_in_executor(_REPORTS, partial(fn, *args, **kwargs))
 
 
 def _non_finite(value: Any) -> str | None:

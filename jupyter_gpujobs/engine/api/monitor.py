@@ -16,7 +16,8 @@ next to handlers.py `HANDLERS` by the Jupyter extension and the shared engine):
 - `GET usage/queue?since=&until=&step=`: queue length and wait times over time
 - `GET metrics`: Prometheus text exposition
 
-Handlers only decode, check roles and call the Monitor; they hold no rules of their own.
+Handlers only decode, check roles and call the Monitor; they hold no rules of their own. What
+reads a range of history runs off the engine's loop (`base.report`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tornado import web
 from ...model import MAX_ID, InvalidInput, parse_id, parse_reason
 from ..monitor.diagnosis import KINDS
 from ..monitor.usage import check_step, heatmap_report, queue_report, time_range, usage_report
+from .base import report
 from .handlers import API, JOB_ID, ApiError, GPUJobsHandler
 
 if TYPE_CHECKING:
@@ -153,7 +155,7 @@ class GPUSamplesHandler(MonitorHandler):
             raise ApiError(400, "resolution", "expected 0 (raw), 60 or 3600")
         step = self.int_arg("step", None, low=1, high=366 * 86400)
         if step is None:
-            samples = self.monitor.gpu_samples(since, until, gpu, resolution, limit=MAX_SAMPLES + 1)
+            samples = await report(self.monitor.gpu_samples, since, until, gpu, resolution, limit=MAX_SAMPLES + 1)
             if len(samples) > MAX_SAMPLES:
                 raise ApiError(400, "since", f"more than {MAX_SAMPLES} readings from since to until; ask for a "
                                              "shorter range, one gpu, a resolution (60 or 3600), or buckets (step)")
@@ -162,7 +164,7 @@ class GPUSamplesHandler(MonitorHandler):
         if resolution is not None:
             raise ApiError(400, "step", "give either step or resolution")
         check_step(step, since, until)
-        self.reply({"samples": self.monitor.gpu_series(since, until, step, gpu), "step": step})
+        self.reply({"samples": await report(self.monitor.gpu_series, since, until, step, gpu), "step": step})
 
 
 class JobStatsHandler(MonitorHandler):
@@ -178,7 +180,7 @@ class UsageHandler(MonitorHandler):
     async def get(self) -> None:
         since, until = self.range_args()
         by = self.text_arg("by") or "user"
-        self.reply(usage_report(self.service.store, since, until, by, time.time()))
+        self.reply(await report(usage_report, self.service.store, since, until, by, time.time()))
 
 
 class HeatmapHandler(MonitorHandler):
@@ -186,7 +188,7 @@ class HeatmapHandler(MonitorHandler):
     @authorized
     async def get(self) -> None:
         since, until = self.range_args()
-        self.reply(heatmap_report(self.service.store, since, until))
+        self.reply(await report(heatmap_report, self.service.store, since, until))
 
 
 class QueueHistoryHandler(MonitorHandler):
@@ -196,7 +198,7 @@ class QueueHistoryHandler(MonitorHandler):
         since, until = time_range(self.get_argument("since", None), self.get_argument("until", None), time.time(),
                                   default_span_s=86400)
         step = self.int_arg("step", None, low=1, high=366 * 86400) or max(60, int((until - since) // 96) or 1)
-        self.reply(queue_report(self.service.store, since, until, step, time.time()))
+        self.reply(await report(queue_report, self.service.store, since, until, step, time.time()))
 
 
 class MetricsHandler(MonitorHandler):
