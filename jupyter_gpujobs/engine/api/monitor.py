@@ -66,8 +66,8 @@ class FindingsHandler(MonitorHandler):
         if self.get_argument("since", None):
             since, _ = self.range_args()
         user = self.owner
-        findings = self.monitor.findings(user, self.service.is_admin(user), kind=kind, job_id=job,
-                                         open_only=open_arg in ("1", "true"), since=since, limit=limit)
+        findings = await report(self.monitor.findings, user, self.service.is_admin(user), kind=kind, job_id=job,
+                                open_only=open_arg in ("1", "true"), since=since, limit=limit)
         self.reply({"findings": findings})
 
 
