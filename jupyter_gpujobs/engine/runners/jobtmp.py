@@ -122,7 +122,7 @@ def remove_tree(path: str) -> int:
     A loop, not shutil.rmtree or os.walk: before Python 3.12 those recurse once per level, and
     a job makes its /tmp deeper than the recursion limit with a shell loop (RecursionError:
     the supervisor's result lost, the run directory left, every retention pass failing on
-    it). It holds two folders open at most: going up is `..` of the folder it emptied,
+    it). It holds one folder open at a time: going up is `..` of the folder it emptied,
     checked to be the folder it came down from."""
     try:
         st = os.lstat(path)
@@ -133,41 +133,42 @@ def remove_tree(path: str) -> int:
         return st.st_size
     freed = 0
     fd = os.open(path, _DIR_FLAGS)
-    down: list[tuple[str, tuple[int, int]]] = []  # (name, (st_dev, st_ino)) of each folder below `path`
-    ids = (st.st_dev, st.st_ino)
+    # from `path` down to the open folder: each folder's (st_dev, st_ino) and the subfolders
+    # in it left to remove (None: not read yet)
+    frames: list[tuple[tuple[int, int], list[str] | None]] = [((st.st_dev, st.st_ino), None)]
     try:
         while True:
-            child: str | None = None
-            seen = False
-            with os.scandir(fd) as entries:
+            ids, left = frames[-1]
+            if left is None:
+                left = []
+                with os.scandir(fd) as it:
+                    entries = list(it)
                 for entry in entries:
-                    seen = True
                     est = entry.stat(follow_symlinks=False)
                     if stat.S_ISDIR(est.st_mode):
-                        child = entry.name
-                        break
-                    os.unlink(entry.name, dir_fd=fd)
-                    freed += est.st_size
-            if child is not None:
-                below = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                        left.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+                        freed += est.st_size
+                frames[-1] = (ids, left)
+            if left:  # down into the next one
+                below = os.open(left[-1], _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = below
                 bst = os.fstat(fd)
-                down.append((child, ids))
-                ids = (bst.st_dev, bst.st_ino)
+                frames.append(((bst.st_dev, bst.st_ino), None))
                 continue
-            if seen:
-                continue  # read it again until it reads empty
-            if not down:
+            frames.pop()  # this folder is empty now
+            if not frames:
                 break
-            name, ids = down.pop()
             up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-            ust = os.fstat(up)
             os.close(fd)
             fd = up
-            if (ust.st_dev, ust.st_ino) != ids:
+            ust = os.fstat(fd)
+            ids, left = frames[-1]
+            if (ust.st_dev, ust.st_ino) != ids or not left:
                 raise OSError(errno_.ESTALE, f"a folder under {path} was moved while it was being removed")
-            os.rmdir(name, dir_fd=fd)
+            os.rmdir(left.pop(), dir_fd=fd)
     finally:
         os.close(fd)
     os.rmdir(path)
