@@ -8,6 +8,8 @@ state dir and claim dir; issue 34, part 1):
   locked) before the engine started neither blocks nor names the holder; the claim files
   are root's 0600 in a root 0755 folder, which no user can write or open;
 - a variable of the engine's environment (a fake secret) is not in a job's;
+- a job holds no fd of its supervisor's, no capability and only its owner's groups, and can
+  neither leave its cgroups, raise its limits there nor make a cgroup of its own;
 - two users' jobs do not see each other's /tmp or /dev/shm, and a job's /tmp goes with it;
 - a job writing far past the log cap leaves a log of bounded size: its head, its newest
   output and a line saying what was cut;
@@ -191,6 +193,53 @@ def test_a_job_gets_no_variable_of_the_engine_environment(team: PlantedTeam) -> 
     assert "END" in env
     assert SECRET_NAME not in env and "hunter2" not in env, env
     assert "MY_OWN=kept" in env and "PATH=" in env and f"HOME={pwd.getpwnam(U1).pw_dir}" in env
+
+
+#: as a job: what it holds (its shell's open fds, capabilities, groups) and whether it can
+#: leave its cgroups, raise its limits or make a cgroup of its own
+INHERITS = r"""
+python3 -c '
+import os
+def is_open(fd):
+    try:
+        return bool(os.fstat(fd))
+    except OSError:
+        return False
+print("fds:", *[fd for fd in range(1024) if is_open(fd)])'  # (no listing: it would open one)
+grep -E '^Cap(Prm|Eff|Amb):' /proc/$$/status
+echo "groups: $(id -G)"
+before=$(cat /proc/$$/cgroup)
+for top in /sys/fs/cgroup/unified /sys/fs/cgroup /sys/fs/cgroup/memory /sys/fs/cgroup/devices /sys/fs/cgroup/freezer; do
+  [ -e $top/cgroup.procs ] && { echo $$ > $top/cgroup.procs && echo "LEFT via $top"; }
+done
+while IFS=: read -r _ ctl path; do
+  for dir in /sys/fs/cgroup/unified$path /sys/fs/cgroup/$ctl$path; do
+    for set in memory.max=max memory.limit_in_bytes=-1 devices.allow=a; do
+      (echo "${set#*=}" > "$dir/${set%%=*}") 2>&1 && echo "RAISED $dir/${set%%=*}"
+    done
+    mkdir "$dir/mine" && echo "MADE $dir/mine"
+  done
+done < /proc/$$/cgroup
+[ "$before" = "$(cat /proc/$$/cgroup)" ] && echo "cgroups kept"
+echo END
+"""
+
+
+@needs_team
+def test_a_job_holds_no_fd_capability_or_group_of_the_engine_and_cannot_leave_its_cgroups(
+        team: PlantedTeam) -> None:
+    job_id = submit(team, U1, INHERITS, gpus=1, mem="256M")
+    job = team.wait_state(job_id, ("COMPLETED", "FAILED"))
+    out = log_of(team, job_id).decode()
+    assert job["state"] == "COMPLETED" and "END" in out, (job, out)
+    assert "fds: 0 1 2\n" in out, out  # nothing of its supervisor's (the log pipe, the runner's pipes)
+    for cap in ("CapPrm", "CapEff", "CapAmb"):
+        assert f"{cap}:\t0000000000000000" in out, out
+    entry = pwd.getpwnam(U1)
+    assert f"groups: {' '.join(str(g) for g in os.getgrouplist(U1, entry.pw_gid))}\n" in out, out
+    assert "LEFT" not in out and "RAISED" not in out and "MADE" not in out, out
+    assert "cgroups kept" in out, out
+    assert "memory.limit_in_bytes: Permission denied" in out or "memory.max: Permission denied" in out, out
 
 
 @needs_team
