@@ -5,7 +5,9 @@ root engine (`tests/team.py`):
   websocket: another's GPU-hours are theirs, as `GET budgets` keeps them;
 - a client that opens the websocket and never reads it is disconnected once its unread
   messages pass a bound, so that the engine does not keep them for it without end; a client
-  that reads gets the same burst whole.
+  that reads gets the same burst whole;
+- why another's run failed stays theirs when the job waits to run again (a retry), and so does
+  its name when they change it: others read "run 1 of 2 failed" and "updated by ...".
 """
 
 from __future__ import annotations
@@ -120,3 +122,37 @@ def test_a_websocket_that_is_never_read_is_closed(team: Team) -> None:
     finally:
         reader.kill()
         reader.wait()
+
+
+def test_a_retry_and_a_rename_show_nothing_private_to_others(team: Team) -> None:
+    """A failed run that is retried goes back to the queue with a reason naming why it failed
+    (`command not found: /home/...`), and a rename is an event naming the old and new names:
+    both went to every user's websocket as they were, and the first into the job's view."""
+    import uuid
+
+    s1, s2 = team.servers[U1], team.servers[U2]
+    secret = f"project-y-{uuid.uuid4().hex[:8]}"
+    command = [str(team.base / U1 / secret / "train.sh")]
+    with EventFeed(s2) as feed:
+        r = s1.api("POST", "jobs", json={"command": command, "gpus": 0, "name": f"{secret}-a", "retries": 1,
+                                         "retry_backoff": "1h"})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        retried = wait_for("the failed run's retry", lambda: (lambda j: j if j["retried"] == 1 else None)(
+            s1.api("GET", f"jobs/{jid}").json()))
+        assert retried["state"] == "PENDING"
+        renamed = s1.api("PATCH", f"jobs/{jid}", json={"name": f"{secret}-b"})
+        assert renamed.status_code == 200, renamed.text
+        theirs = s2.api("GET", f"jobs/{jid}").json()
+        assert s1.api("DELETE", f"jobs/{jid}").status_code == 200
+        wait_for("the cancel on the other user's websocket", lambda: any(
+            m["type"] == "job" and m["job"]["id"] == jid and m["job"]["state"] == "CANCELLED" for m in feed.messages))
+        events = [m["event"] for m in feed.messages if m["type"] == "job" and m["job"]["id"] == jid]
+    mine = s1.api("GET", f"jobs/{jid}/events").json()["events"]
+    assert any(f"command not found: {command[0]}" in (e["reason"] or "") for e in mine)  # its owner is told
+    assert any(f"{secret}-b" in (e["reason"] or "") for e in mine)
+    shown = json.dumps([theirs, events])
+    assert secret not in shown and "train.sh" not in shown, shown
+    reasons = [e["reason"] for e in events]
+    assert any(r.startswith("run 1 of 2 failed; retry 1 of 1 after") for r in reasons), reasons
+    assert f"updated by {U1}" in reasons, reasons

@@ -10,6 +10,7 @@ and the Unix user database.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -281,18 +282,35 @@ def gpu_views_for(views: list[dict[str, Any]], admin: bool) -> list[dict[str, An
 
 def redact_event(event: dict[str, Any], image: str | None = None) -> dict[str, Any]:
     """A job's event without its private data: no data, and the reason as `redact` gives it
-    (`image`: the job's, which its reason must not name)."""
+    (`image`: the job's, which its reason must not name). A change (`UPDATED`) of a private
+    field (its name) says only who made it: its reason names the old and new values."""
     out = {k: event.get(k) for k in ("job_id", "time", "state", "actor", "reason")}
     out["reason"] = _public_reason(out["state"], out["reason"], image)
+    if out["state"] == "UPDATED" and any(k not in PUBLIC_FIELDS for k in event.get("data") or {}):
+        out["reason"] = f"updated by {out['actor']}"
     out["data"] = {}
     return out
 
 
+#: Words of a waiting job's reason that say why its last run ended, which is private as the
+#: reason of an ended job is (`command not found: /home/...`, `working directory not found:
+#: ...`): a failed run retried (supervision.Supervisors._retry), a run requeued (_requeue).
+_RUN_ENDED = (
+    (re.compile(r"(run \d+ of \d+ failed): .*(; retry \d+ of \d+ after .*)", re.DOTALL), r"\1\2"),
+    (re.compile(r"requeued \(.*\)(: requeue \d+ of at most .*)", re.DOTALL), r"requeued\1"),
+)
+
+
 def _public_reason(state: str | None, reason: str | None, image: str | None) -> str | None:
-    """`model.public_reason`, and the job's image (private: a path in its owner's folder, a
-    registry of theirs) out of it: a waiting job's reason is the progress of its image's pull,
-    "pulling image docker-archive:/home/ann/x.tar: ..." shows as "pulling its image: ..."."""
+    """`model.public_reason` less the job's private data: why its last run ended (`_RUN_ENDED`)
+    and its image (a path in its owner's folder, a registry of theirs; a waiting job's reason
+    is the progress of its image's pull: "pulling image docker-archive:/home/ann/x.tar: ..."
+    shows as "pulling its image: ...")."""
     reason = public_reason(state, reason)
-    if image and reason and image in reason:
+    if not reason:
+        return reason
+    for words, public in _RUN_ENDED:
+        reason = words.sub(public, reason) if words.fullmatch(reason) else reason
+    if image and image in reason:
         reason = reason.replace(f"image {image}", "its image").replace(image, "its image")
     return reason
