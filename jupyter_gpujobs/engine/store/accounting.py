@@ -176,16 +176,29 @@ def job_records(store: Store, since: float, until: float, now: float,
 
 
 def records_csv(records: list[dict[str, Any]]) -> str:
-    """The records as CSV with a header (GPU models joined by "+")."""
+    """The records as CSV with a header (GPU models joined by "+"). A text that a spreadsheet
+    would take for a formula (=, +, -, @, a tab or CR first: a job's name is its user's) gets
+    a ' before it: an admin who opened the export ran what the user had named the job."""
     import csv
     import io
+
+    def cell(value: Any) -> Any:
+        if value is None:
+            return ""
+        if isinstance(value, str) and value[:1] in _FORMULA_FIRST:
+            return "'" + value
+        return value
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(RECORD_FIELDS)
     for r in records:
-        w.writerow(["+".join(r[k]) if k == "gpu_models" else ("" if r[k] is None else r[k]) for k in RECORD_FIELDS])
+        w.writerow([cell("+".join(r[k])) if k == "gpu_models" else cell(r[k]) for k in RECORD_FIELDS])
     return buf.getvalue()
+
+
+#: What a spreadsheet reads as the start of a formula (OWASP's "CSV injection")
+_FORMULA_FIRST = frozenset("=+-@\t\r")
 
 
 __all__ = ["BUDGET_FIELDS", "RECORD_FIELDS", "add_allocations", "add_audit", "charged_spans", "job_records", "list_audit",
