@@ -41,6 +41,7 @@ from team import REPO, USER_PYTHON, USERS, Team, as_user, missing
 from jupyter_gpujobs.doctor import OK, WARN, Context, check_hidepid, proc_mount_options
 from jupyter_gpujobs.engine import retention
 from jupyter_gpujobs.engine.gpus import FakeBackend
+from jupyter_gpujobs.engine.runners.jobtmp import remove_tree
 from jupyter_gpujobs.engine.runners.mps import MPSControl
 from jupyter_gpujobs.engine.store import Store
 from jupyter_gpujobs.model import parse_fake_gpus
@@ -365,9 +366,12 @@ def test_the_retention_removes_a_run_dir_of_any_depth_and_follows_no_link(tmp_pa
         os.close(fd)
         fd = below
     os.close(fd)
-    removed = retention.remove({7: retention.JobFiles(run_dirs=[job_dir])}, run_root, None)
-    assert (removed.jobs, removed.run_dirs) == ([7], 1)
-    assert not job_dir.exists() and (outside / "kept").read_text() == "not the run's"
+    try:
+        removed = retention.remove({7: retention.JobFiles(run_dirs=[job_dir])}, run_root, None)
+        assert (removed.jobs, removed.run_dirs) == ([7], 1)
+        assert not job_dir.exists() and (outside / "kept").read_text() == "not the run's"
+    finally:
+        remove_tree(str(job_dir))  # (pytest's own clean-up of tmp_path recurses: it would fail on it)
 
 
 #: a stand-in for nvidia-cuda-mps-control -d (not on this machine): it appends to its log, as
