@@ -8,6 +8,7 @@ can answer 400 with a message a person can act on.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -71,6 +72,11 @@ MAX_DEPENDENCIES = 1000
 #: takes at most 128 KiB in one argument), short enough that splitting stays a few ms.
 MAX_COMMAND_CHARS = 64 * 1024
 MAX_COMMAND_WORDS = 4096
+#: What one job's environment (names and values) and payload (as JSON) may hold, and what one
+#: submission stores of command, environment and payload over all its tasks
+MAX_ENV_CHARS = 64 * 1024
+MAX_PAYLOAD_CHARS = 64 * 1024
+MAX_SUBMISSION_CHARS = 16 * 1024 * 1024
 
 
 def parse_duration(value: Any, field_name: str = "time_limit") -> int:
@@ -1216,6 +1222,10 @@ def validate_submission(
             raise InvalidInput("env", f"{_short(key)} is not a valid environment variable name")
         if "\x00" in env[key]:
             raise InvalidInput("env", f"the value of {key} contains a NUL character")
+    env_chars = sum(len(k) + len(v) for k, v in env.items())
+    if env_chars > MAX_ENV_CHARS:
+        raise InvalidInput("env", f"holds {env_chars:,} characters, more than the {MAX_ENV_CHARS:,} allowed; "
+                                  "put large values in a file the job reads")
 
     begin: float | None = None
     offpeak = False
@@ -1231,6 +1241,10 @@ def validate_submission(
     payload = body.get("payload") or {}
     if not isinstance(payload, Mapping):
         raise InvalidInput("payload", "expected an object")
+    payload_chars = len(json.dumps(payload, default=str))
+    if payload_chars > MAX_PAYLOAD_CHARS:
+        raise InvalidInput("payload", f"is {payload_chars:,} characters of JSON, more than the "
+                                      f"{MAX_PAYLOAD_CHARS:,} allowed; put large parameters in a file")
 
     warn_signal = None
     if body.get("signal") not in (None, ""):
@@ -1238,6 +1252,14 @@ def validate_submission(
     max_requeues = parse_requeue(body, policy)
 
     array, array_limit = parse_array(body.get("array"))
+    # each task stores the job's command, environment and payload: a 1 MiB body of 1000 tasks
+    # stored a GB, filling the engine's disk and holding its loop for 10 s
+    stored = (sum(map(len, command_list)) + env_chars + payload_chars) * (len(array) if array else 1)
+    if stored > MAX_SUBMISSION_CHARS:
+        raise InvalidInput("array", f"{len(array or ()):,} tasks of {stored // max(1, len(array or ())):,} "
+                                    f"characters each (command, env, payload) are more than the "
+                                    f"{MAX_SUBMISSION_CHARS:,} one submission may store; give the tasks less "
+                                    "to carry (a file they read) or submit fewer at once")
     mem = body.get("mem")
     cpus = body.get("cpus")
 

@@ -156,3 +156,25 @@ def test_a_retry_and_a_rename_show_nothing_private_to_others(team: Team) -> None
     reasons = [e["reason"] for e in events]
     assert any(r.startswith("run 1 of 2 failed; retry 1 of 1 after") for r in reasons), reasons
     assert f"updated by {U1}" in reasons, reasons
+
+
+def test_a_submission_stores_a_bounded_amount(team: Team) -> None:
+    """What one job carries (its environment, its payload) and what one submission stores over
+    its tasks are bounded: a 1 MiB body with 1000 tasks stored 900 MB in the engine's database,
+    holding its loop 10 s, and a user's 5 of them filled the disk every user's jobs need."""
+    from jupyter_gpujobs.model import MAX_ENV_CHARS, MAX_PAYLOAD_CHARS, MAX_SUBMISSION_CHARS
+
+    s1 = team.servers[U1]
+    later = {"command": "true", "gpus": 0, "begin": "+1d"}
+    big_env = {"V": "x" * MAX_ENV_CHARS}
+    r = s1.api("POST", "jobs", json={**later, "env": big_env})
+    assert r.status_code == 400 and r.json()["field"] == "env" and f"{MAX_ENV_CHARS:,} allowed" in r.json()["message"]
+    r = s1.api("POST", "jobs", json={**later, "payload": {"p": "x" * MAX_PAYLOAD_CHARS}})
+    assert r.status_code == 400 and r.json()["field"] == "payload", r.text
+    per_task = MAX_SUBMISSION_CHARS // 1000 + 100
+    r = s1.api("POST", "jobs", json={**later, "env": {"V": "x" * per_task}, "array": "0-999"})
+    assert r.status_code == 400 and r.json()["field"] == "array", r.text
+    assert f"{MAX_SUBMISSION_CHARS:,} one submission may store" in r.json()["message"]
+    r = s1.api("POST", "jobs", json={**later, "env": {"V": "x" * (per_task - 200)}, "array": "0-999"})
+    assert r.status_code == 201 and len(r.json()["array_tasks"]) == 1000, r.text
+    assert s1.api("POST", "jobs/cancel", json={"array": r.json()["id"]}).status_code == 200
