@@ -5,7 +5,8 @@ root engine (`tests/team.py`):
   websocket: another's GPU-hours are theirs, as `GET budgets` keeps them;
 - a client that opens the websocket and never reads it is disconnected once its unread
   messages pass a bound, so that the engine does not keep them for it without end; a client
-  that reads gets the same burst whole;
+  that reads gets the same burst whole; one that starts sending a long message is
+  disconnected before the engine buffers it;
 - why another's run failed stays theirs when the job waits to run again (a retry), and so does
   its name when they change it: others read "run 1 of 2 failed" and "updated by ...".
 """
@@ -178,3 +179,43 @@ def test_a_submission_stores_a_bounded_amount(team: Team) -> None:
     r = s1.api("POST", "jobs", json={**later, "env": {"V": "x" * (per_task - 200)}, "array": "0-999"})
     assert r.status_code == 201 and len(r.json()["array_tasks"]) == 1000, r.text
     assert s1.api("POST", "jobs/cancel", json={"array": r.json()["id"]}).status_code == 200
+
+
+#: As the user: open the events websocket, start a 1 MiB message (its frame header only), and
+#: say whether the engine closes the connection (or for 30 s, that it did not).
+LONG_MESSAGE = r"""
+import json, socket, struct, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b"GET /gpujobs/api/events HTTP/1.1\r\nHost: engine\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+s.sendall(bytes([0x81, 0x80 | 127]) + struct.pack(">Q", 1 << 20) + b"mask" + b"x" * 1000)  # 1 MiB coming
+s.settimeout(5)
+closed = False
+deadline = time.monotonic() + 30
+try:
+    while time.monotonic() < deadline:
+        data = s.recv(1 << 16)
+        if not data:
+            closed = True
+            break
+        if b"\x88" in data:  # a close frame
+            closed = True
+            break
+except socket.timeout:
+    pass
+except OSError:
+    closed = True
+print(json.dumps({"closed": closed}))
+"""
+
+
+def test_a_long_message_from_a_client_closes_its_websocket(team: Team) -> None:
+    """Clients send nothing on the events websocket, but the engine read a message of up to
+    10 MiB (tornado's default) into memory before ignoring it."""
+    seen = team.run_as(U2, LONG_MESSAGE.replace("sys.argv[1]", repr(str(team.socket))))
+    assert seen == {"closed": True}
+    assert team.servers[U2].api("GET", "whoami").status_code == 200

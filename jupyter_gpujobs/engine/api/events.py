@@ -117,6 +117,16 @@ class EventsHandler(AuthorizedWebSocket):
                          {"type": "gpus", "gpus": gpu_views_for(views, False)}]
         self._send(cached[1] if self._admin else cached[2])
 
+    #: Clients have nothing to send on this websocket (what they send is ignored): a message
+    #: longer than this closes it (1009) before the engine reads it. At tornado's default of
+    #: 10 MiB, a user's 256 connections each part-way through a long message held 2.5 GB of the
+    #: engine's memory.
+    MAX_CLIENT_MESSAGE = 4096
+
+    @property
+    def max_message_size(self) -> int:
+        return self.MAX_CLIENT_MESSAGE
+
     def on_message(self, message: str | bytes) -> None:
         pass
 
