@@ -219,3 +219,39 @@ def test_a_long_message_from_a_client_closes_its_websocket(team: Team) -> None:
     seen = team.run_as(U2, LONG_MESSAGE.replace("sys.argv[1]", repr(str(team.socket))))
     assert seen == {"closed": True}
     assert team.servers[U2].api("GET", "whoami").status_code == 200
+
+
+#: As the user: start a POST whose body is to be 64 MiB, send 64 KiB of it, and say what the
+#: engine answers (within 20 s), or "" when it answers nothing, still waiting for the body.
+HUGE_BODY = r"""
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b"POST /gpujobs/api/jobs HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+          b"Content-Length: 67108864\r\n\r\n" + b" " * 65536)
+s.settimeout(5)
+got = b""
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline and b"\r\n" not in got:
+    try:
+        data = s.recv(4096)
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+    if not data:
+        break
+    got += data
+print(json.dumps(got.split(b"\r\n")[0].decode()))
+"""
+
+
+def test_a_huge_body_is_refused_at_its_headers(team: Team) -> None:
+    """The engine read any body of up to tornado's 100 MB into memory before the API refused it
+    (413 past c.GPUJobs.max_body_bytes): a user's 256 connections could hold 25 GB of it."""
+    first = team.run_as(U2, HUGE_BODY.replace("sys.argv[1]", repr(str(team.socket))))
+    assert first.startswith("HTTP/1.1 400"), first
+    # a body over the API's limit but under the server's is still answered as the API says
+    r = team.servers[U2].api("POST", "jobs", content=b" " * ((1 << 20) + 10),
+                             headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["field"] == "body", r.text

@@ -356,8 +356,10 @@ server finds its socket and forwards the panel's API to it as the user; docs/sha
             allow_remote_access=True,  # no TCP: the Host header of a socket request means nothing
             **settings,
         )
+        # a body is read whole before a handler may refuse it (413 past max_body_bytes): past twice
+        # that the connection is refused at its headers (400), not at tornado's 100 MB a body
         server = PeerCappedHTTPServer(app, xheaders=False, idle_connection_timeout=cfg.connection_idle_timeout,
-                                      body_timeout=cfg.connection_body_timeout)
+                                      body_timeout=cfg.connection_body_timeout, max_body_size=2 * cfg.max_body_bytes)
         server.max_per_peer = cfg.max_connections_per_user
         server.add_sockets([bind_unix_socket(path, mode=0o666)])
         await start_engine(service, monitor)
