@@ -88,13 +88,14 @@ class Access:
         rest = [i for i in ids if i not in found]
         for start in range(0, len(rest), self.LOOKUP_CHUNK):
             found.update(s.store.get_many(rest[start:start + self.LOOKUP_CHUNK]))
+        admin = self.is_admin(user)  # (once: it may ask the system's group database)
         jobs: list[Job] = []
         errors: dict[str, str] = {}
         for job_id in ids:
             job = found.get(job_id)
             if job is None:
                 errors[str(job_id)] = f"no job {job_id}"  # (as `EngineState.get` says)
-            elif job.user != user and not self.is_admin(user):
+            elif job.user != user and not admin:
                 errors[str(job_id)] = _not_theirs(job)
             else:
                 jobs.append(job)
