@@ -154,3 +154,23 @@ async def test_an_accounting_export_shows_a_users_formula_as_text(jp_fetch: Any,
     rows = list(csv.DictReader(io.StringIO(r.body.decode())))
     assert sorted(row["name"] for row in rows if row["user"] == "ann") == sorted(
         ["'" + n for n in names[:4]] + ["plain-name"])
+
+
+async def test_whether_a_viewer_is_an_admin_is_asked_once_not_per_job(jp_fetch: Any, engine: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a user is in the admin group (the system's group database) was asked for each
+    of another's jobs they saw: 0.1 ms each, a page of 1000 jobs 150 ms more, and every job
+    change on every websocket of a user who is not its owner."""
+    from jupyter_gpujobs.engine import access
+
+    asked: list[str] = []
+    monkeypatch.setattr(access, "in_group", lambda user, group: asked.append(user) or False)
+    monkeypatch.setattr(engine.state, "admin_group", "gpujobs-admins-here")
+    code, job = await call(jp_fetch, "ann", "POST", "jobs", {"command": "true", "gpus": 1, "begin": "+1d",
+                                                           "array": "0-49"})
+    assert code == 201
+    asked.clear()
+    listed = (await call(jp_fetch, "bob", "GET", "jobs"))[1]["jobs"]
+    queued = (await call(jp_fetch, "bob", "GET", "queue"))[1]["jobs"]
+    assert len(listed) == len(queued) == 50 and all(j["private"] for j in listed + queued)
+    assert asked.count("bob") == 1, f"asked {asked.count('bob')} times"
