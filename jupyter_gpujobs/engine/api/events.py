@@ -32,9 +32,10 @@ class EventsHandler(AuthorizedWebSocket):
         return self.settings["gpujobs_service"]
 
     #: A client that leaves more than this many bytes of messages unread, and reads none of
-    #: them for a whole GPU tick (3 s), is disconnected: the engine keeps what a socket has not
-    #: taken, and a user's websocket that is never read grew the engine's memory without end.
+    #: them for STALLED_TICKS GPU ticks (3 s each), is disconnected: the engine keeps what a
+    #: socket has not taken, and a websocket that is never read grew its memory without end.
     STALLED_BYTES = 1 << 20
+    STALLED_TICKS = 2
     #: More unread than this, however slowly it reads, and it is disconnected at once (a burst
     #: of job changes: a cancel of 20,000 jobs is about 30 MB; a reading client takes it).
     MAX_UNREAD_BYTES = 64 << 20
@@ -45,6 +46,7 @@ class EventsHandler(AuthorizedWebSocket):
         self._unread = 0  # bytes handed to the socket that it has not taken yet
         self._taken = 0  # messages it has taken, and how many at the last GPU tick
         self._taken_at_tick = 0
+        self._stalled_ticks = 0  # GPU ticks in a row with more than STALLED_BYTES unread and none taken
         self._unsubscribe = self.service.subscribe(self._send)
         from tornado.ioloop import PeriodicCallback
 
@@ -104,8 +106,11 @@ class EventsHandler(AuthorizedWebSocket):
         return text
 
     def _send_gpus(self) -> None:
-        if self._unread > self.STALLED_BYTES and self._taken == self._taken_at_tick:
-            self._drop(f"{self._unread} bytes of events unread, none read for {self.GPUS_TIMER_S:g} s")
+        stalled = self._unread > self.STALLED_BYTES and self._taken == self._taken_at_tick
+        self._stalled_ticks = self._stalled_ticks + 1 if stalled else 0
+        if self._stalled_ticks >= self.STALLED_TICKS:
+            self._drop(f"{self._unread} bytes of events unread, none read for "
+                       f"{self.STALLED_TICKS * self.GPUS_TIMER_S:g} s")
             return
         self._taken_at_tick = self._taken
         # [made at, the admins' message, everyone else's] (gpu_views_for: whose process uses a GPU)
