@@ -253,35 +253,63 @@ def test_an_archive_a_pull_reads_is_looked_at_as_its_owner(tmp_path, open_dir) -
     asyncio.run(check_readable(str(shared), f"docker-archive:{shared}", "nobody"))
 
 
+class _Loads(Runtime):
+    """A runtime whose images are files of this machine (`arch:PATH`, as podman's local
+    transports): each is pulled by `pull_command`, which the tests below give."""
+
+    name = program = "sh"
+
+    def local_source(self, image: str) -> str | None:
+        return image.partition(":")[2]
+
+
+async def _submit_pulled(api, tmp_path, **fields) -> tuple[object, int]:  # type: ignore[no-untyped-def]
+    """A job (`true`, no GPU, `fields`) in an archive image under `tmp_path` that a pull reads:
+    the archive and the job's id."""
+    archive = tmp_path / "t.tar"
+    archive.write_bytes(b"x")
+    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0, **fields})
+    assert status in (200, 201), job
+    return archive, int((job["jobs"][0] if "jobs" in job else job)["id"])
+
+
+async def _out_of_pending(api, job_id: int, timeout_s: float = 30) -> dict:  # type: ignore[no-untyped-def]
+    """The job's view once it is no longer PENDING (its pull ended it, or it started)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, seen = await api("GET", f"jobs/{job_id}")
+        if seen["state"] != "PENDING":
+            return seen
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+
+
+async def _pulled(engine, api, job_id: int, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+    """Once the job's pull is over (it waits for none from its acceptance on)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while job_id in engine.state.pulling:
+        assert time.monotonic() < deadline, await api("GET", f"jobs/{job_id}")
+        await asyncio.sleep(0.05)
+
+
 async def test_a_pull_that_names_no_image_id_fails_its_job_before_gpus(engine, api, tmp_path) -> None:
     """In-process: a pull from a local transport whose last line is no image id (a warning,
     say) fails its job naming that line, before it starts: it would otherwise be run with
     that line as its image, and fail only once it held GPUs."""
-    import asyncio
-    import time
 
-    class Loads(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Loads(_Loads):
         def pull_command(self, image: str) -> list[str]:
             return ["/bin/sh", "-c", "echo Copying blob sha256:f58f; echo Writing manifest to image destination"]
 
-    archive = tmp_path / "t.tar"
-    archive.write_bytes(b"x")
     engine.state.containers = Containers(runtime="loads", _loaded={"loads": Loads()})
-    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
-    assert status in (200, 201), job
-    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
-    deadline = time.monotonic() + 30
-    while True:
-        status, seen = await api("GET", f"jobs/{job_id}")
-        if seen["state"] != "PENDING":
-            break
-        assert time.monotonic() < deadline, seen
-        await asyncio.sleep(0.05)
+    archive, job_id = await _submit_pulled(api, tmp_path)
+    seen = await _out_of_pending(api, job_id)
     assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
     assert seen["reason"] == (f"image arch:{archive}: the pull named no image id "
                               "(its last line: 'Writing manifest to image destination')"), seen["reason"]
@@ -303,19 +331,13 @@ async def test_a_pull_whose_output_cannot_be_handled_ends_and_fails_its_job(engi
     """In-process: when the handling of a pull's output fails (here: the job's reason cannot
     be shown, in a way nobody foresaw), the pull is stopped and its job ends FAILED naming
     why. It waited for the pull's end, past its time limit, its output unread."""
-    import asyncio
     import time
 
     from jupyter_gpujobs.engine.containers.pull import Pulls
 
     sleep = f"599.{time.monotonic_ns() % 10**6:06d}"  # (its own, to look for)
 
-    class Slow(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Slow(_Loads):
         def pull_command(self, image: str) -> list[str]:
             return ["/bin/sh", "-c", f"echo started; exec sleep {sleep}"]
 
@@ -327,19 +349,9 @@ async def test_a_pull_whose_output_cannot_be_handled_ends_and_fails_its_job(engi
         show(self, pull, job_id)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Pulls, "_show", broken)
-    archive = tmp_path / "t.tar"
-    archive.write_bytes(b"x")
     engine.state.containers = Containers(runtime="slow", _loaded={"slow": Slow()}, pull_timeout_s=600)
-    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
-    assert status in (200, 201), job
-    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
-    deadline = time.monotonic() + 30
-    while True:
-        status, seen = await api("GET", f"jobs/{job_id}")
-        if seen["state"] != "PENDING":
-            break
-        assert time.monotonic() < deadline, seen
-        await asyncio.sleep(0.05)
+    archive, job_id = await _submit_pulled(api, tmp_path)
+    seen = await _out_of_pending(api, job_id)
     assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
     assert seen["reason"] == f"image arch:{archive}: ValueError: cannot show it", seen["reason"]
     assert subprocess.run(["pgrep", "-f", f"sleep {sleep}"]).returncode == 1  # the pull was stopped
@@ -350,35 +362,18 @@ async def test_a_pulls_output_is_capped_as_the_jobs_own(engine, api, tmp_path) -
     its job's log no further than c.GPUJobs.log_max_bytes, as the job's own output: the head and
     the newest output kept, the cut said; its failure is still named from its last line. It
     wrote all of it to the engine's disk."""
-    import asyncio
-    import time
 
     from jupyter_gpujobs.engine.runners.local import MIN_LOG_BYTES
 
-    class Chatty(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Chatty(_Loads):
         def pull_command(self, image: str) -> list[str]:
             return ["/bin/sh", "-c", "yes 'Copying blob sha256:f58f' | head -c 4000000; "
                                      "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo 'Error: disk full'; exit 1"]
 
     engine.state.runner.log_max_bytes = MIN_LOG_BYTES
-    archive = tmp_path / "t.tar"
-    archive.write_bytes(b"x")
     engine.state.containers = Containers(runtime="chatty", _loaded={"chatty": Chatty()})
-    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0})
-    assert status in (200, 201), job
-    job_id = (job["jobs"][0] if "jobs" in job else job)["id"]
-    deadline = time.monotonic() + 60
-    while True:
-        status, seen = await api("GET", f"jobs/{job_id}")
-        if seen["state"] != "PENDING":
-            break
-        assert time.monotonic() < deadline, seen
-        await asyncio.sleep(0.05)
+    archive, job_id = await _submit_pulled(api, tmp_path)
+    seen = await _out_of_pending(api, job_id, timeout_s=60)
     assert seen["state"] == "FAILED" and seen["reason"] == f"image arch:{archive}: could not be pulled: disk full", seen
     log = (engine.state_dir / "logs" / f"job-{job_id}.log").read_bytes()
     assert len(log) <= MIN_LOG_BYTES, len(log)
@@ -390,17 +385,10 @@ async def test_each_job_runs_the_image_its_own_pull_named(engine, api, tmp_path)
     """In-process: jobs A and B of one user name one archive, each pulled when it came (podman
     loads a transport's image each time, and the archive may have changed in between): A, still
     waiting, runs the image id A's pull named, not B's later one. An ended job's id is not kept."""
-    import asyncio
-    import time
 
     counter = tmp_path / "pulls"
 
-    class Counts(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Counts(_Loads):
         def pull_command(self, image: str) -> list[str]:  # each pull names another image id
             return ["/bin/sh", "-c", f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
                                      "printf '%064d\\n' $n"]
@@ -412,13 +400,8 @@ async def test_each_job_runs_the_image_its_own_pull_named(engine, api, tmp_path)
 
     async def pulled_job() -> int:
         """A job held (it stays pending), once its pull is over."""
-        status, job = await api("POST", "jobs", body={"command": "true", "image": image, "gpus": 0, "hold": True})
-        assert status in (200, 201), job
-        job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
-        deadline = time.monotonic() + 30
-        while job_id in engine.state.pulling:  # (from its acceptance on)
-            assert time.monotonic() < deadline, await api("GET", f"jobs/{job_id}")
-            await asyncio.sleep(0.05)
+        _, job_id = await _submit_pulled(api, tmp_path, hold=True)
+        await _pulled(engine, api, job_id)
         return job_id
 
     a = await pulled_job()
@@ -486,19 +469,13 @@ async def test_a_pull_runs_in_a_cgroup_with_its_jobs_limits_and_leaves_nothing(e
     on, with the memory and CPU limits of the job it is for; what it leaves running (a process
     gone to a session of its own) is killed when it ends, and the cgroup removed. It ran in the
     engine's cgroup, unlimited, and what it left ran on."""
-    import asyncio
     import time
 
     if not engine.state.runner.isolation.enabled:
         pytest.skip(f"no writable cgroups here: {engine.state.runner.isolation.describe()}")
     left = f"599.{time.monotonic_ns() % 10**6:06d}"  # (its own, to look for)
 
-    class Confined(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Confined(_Loads):
         def pull_command(self, image: str) -> list[str]:
             return ["/bin/sh", "-c", "cat /proc/self/cgroup; "
                                      "for f in memory.max memory.limit_in_bytes cpu.max cpu.cfs_quota_us; do "
@@ -507,17 +484,9 @@ async def test_a_pull_runs_in_a_cgroup_with_its_jobs_limits_and_leaves_nothing(e
                                      "[ -r $m$c/$f ] && echo \"$f=$(cat $m$c/$f)\"; done; done; done; "
                                      f"setsid sleep {left} </dev/null >/dev/null 2>&1 & printf '%064d\\n' 7"]
 
-    archive = tmp_path / "t.tar"
-    archive.write_bytes(b"x")
     engine.state.containers = Containers(runtime="confined", _loaded={"confined": Confined()})
-    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0,
-                                                  "hold": True, "mem": "300M", "cpus": 1.5})
-    assert status in (200, 201), job
-    job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
-    deadline = time.monotonic() + 30
-    while job_id in engine.state.pulling:
-        assert time.monotonic() < deadline, await api("GET", f"jobs/{job_id}")
-        await asyncio.sleep(0.05)
+    archive, job_id = await _submit_pulled(api, tmp_path, hold=True, mem="300M", cpus=1.5)
+    await _pulled(engine, api, job_id)
     assert engine.state.containers.pulled == {job_id: "7".zfill(64)}, await api("GET", f"jobs/{job_id}")
     log = (engine.state_dir / "logs" / f"job-{job_id}.log").read_text()
     places = {line.rpartition(":")[2] for line in log.splitlines() if "/gpujobs/pull-" in line}
@@ -534,34 +503,16 @@ async def test_a_pull_runs_in_a_cgroup_with_its_jobs_limits_and_leaves_nothing(e
 async def test_a_pull_past_its_jobs_memory_limit_fails_it_saying_so(engine, api, tmp_path) -> None:
     """In-process: a pull that needs more memory than its job may have is killed at that limit
     (its cgroup's), and its job ends FAILED saying so, before it takes GPUs."""
-    import asyncio
-    import time
 
     if not engine.state.runner.isolation.limits()[0]:
         pytest.skip(f"no memory limits here: {engine.state.runner.isolation.describe()}")
 
-    class Greedy(Runtime):
-        name = program = "sh"
-
-        def local_source(self, image: str) -> str | None:
-            return image.partition(":")[2]
-
+    class Greedy(_Loads):
         def pull_command(self, image: str) -> list[str]:
             return ["/usr/bin/python3", "-c", "b = b'x' * (400 << 20); print('%064d' % len(b))"]
 
-    archive = tmp_path / "t.tar"
-    archive.write_bytes(b"x")
     engine.state.containers = Containers(runtime="greedy", _loaded={"greedy": Greedy()})
-    status, job = await api("POST", "jobs", body={"command": "true", "image": f"arch:{archive}", "gpus": 0,
-                                                  "mem": "64M"})
-    assert status in (200, 201), job
-    job_id = int((job["jobs"][0] if "jobs" in job else job)["id"])
-    deadline = time.monotonic() + 60
-    while True:
-        status, seen = await api("GET", f"jobs/{job_id}")
-        if seen["state"] != "PENDING":
-            break
-        assert time.monotonic() < deadline, seen
-        await asyncio.sleep(0.05)
+    archive, job_id = await _submit_pulled(api, tmp_path, mem="64M")
+    seen = await _out_of_pending(api, job_id, timeout_s=60)
     assert seen["state"] == "FAILED" and seen["started_at"] is None, seen
     assert seen["reason"] == f"image arch:{archive}: the pull ran out of memory at its limit of 64M (--mem)", seen

@@ -58,18 +58,25 @@ def test_a_budget_warning_goes_only_to_whom_it_concerns(team: Team) -> None:
             root.put("budgets", json={"scope": "users", "name": U1, "budget": None})
 
 
+#: What both scripts below start with: the events websocket's handshake on a connected socket.
+HANDSHAKE = r"""
+def handshake(s):
+    s.sendall(b"GET /gpujobs/api/events HTTP/1.1\r\nHost: engine\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    return head
+"""
+
 #: As the user: open the events websocket on the engine's socket with a small receive buffer,
 #: say so, read nothing until told to, then read to its end (or for 60 s) and say what came.
-SLOW_READER = r"""
+SLOW_READER = HANDSHAKE + r"""
 import json, socket, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 s.connect(sys.argv[1])
-s.sendall(b"GET /gpujobs/api/events HTTP/1.1\r\nHost: engine\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-head = b""
-while b"\r\n\r\n" not in head:
-    head += s.recv(1)
+head = handshake(s)
 print(json.dumps(head.split(b"\r\n")[0].decode()), flush=True)
 sys.stdin.readline()
 s.settimeout(60)
@@ -183,15 +190,11 @@ def test_a_submission_stores_a_bounded_amount(team: Team) -> None:
 
 #: As the user: open the events websocket, start a 1 MiB message (its frame header only), and
 #: say whether the engine closes the connection (or for 30 s, that it did not).
-LONG_MESSAGE = r"""
+LONG_MESSAGE = HANDSHAKE + r"""
 import json, socket, struct, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1])
-s.sendall(b"GET /gpujobs/api/events HTTP/1.1\r\nHost: engine\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-head = b""
-while b"\r\n\r\n" not in head:
-    head += s.recv(1)
+head = handshake(s)
 s.sendall(bytes([0x81, 0x80 | 127]) + struct.pack(">Q", 1 << 20) + b"mask" + b"x" * 1000)  # 1 MiB coming
 s.settimeout(5)
 closed = False
