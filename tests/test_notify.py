@@ -163,6 +163,11 @@ def test_each_user_is_told_of_their_own_jobs_once_and_admins_of_findings(
     # a test message on request
     assert c["bob"].test_notifications() == {"queued": ["webhook"]}
     wait_until(lambda: "[gpujobs] test notification" in receiver.texts("/bob"), 10, "bob's test message")
+    # once a minute: a user who asks again and again has the engine send nothing more for them
+    r = c["bob"]._http.post("notifications/test")  # (raw: the answer's headers)
+    assert r.status_code == 429 and "one a minute" in r.json()["message"], r.text
+    assert 0 < int(r.headers["Retry-After"]) <= 60, r.headers
+    assert receiver.texts("/bob").count("[gpujobs] test notification") == 1
     with pytest.raises(GPUJobsError) as err:
         c["admin"].test_notifications()
     assert err.value.status == 409

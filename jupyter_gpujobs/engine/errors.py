@@ -27,8 +27,18 @@ class Conflict(RuntimeError):
         self.message = message
 
 
+class TooSoon(RuntimeError):
+    """A command one user may give only so often, given again too soon (HTTP 429, with
+    Retry-After `retry_after` seconds)."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
 class LogRemoved(NotFound):
     """The log of a job was removed after the retention (`c.GPUJobs.job_retention`)."""
 
 
-__all__ = ["Conflict", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable"]
+__all__ = ["Conflict", "LogRemoved", "NotFound", "PermissionDenied", "StoreUnavailable", "TooSoon"]

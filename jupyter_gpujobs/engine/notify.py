@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import smtplib
 import ssl
 import time
@@ -39,7 +40,7 @@ from urllib.parse import urlsplit
 from ..config import CONTROL_CHARACTERS, validate_email, validate_webhook
 from ..model import InvalidInput, format_duration
 from .addresses import PrivateAddress, PublicOnlyResolver, literal_problem
-from .errors import Conflict
+from .errors import Conflict, TooSoon
 from .monitor import may_see
 from .notify_settings import NotifySettings
 from .store.notifications import load_settings, save_settings
@@ -53,6 +54,8 @@ log = logging.getLogger("jupyter_gpujobs")
 #: failed (failed, ran out of time, was lost), nears its time limit; a finding about them.
 KINDS = ("started", "ended", "failed", "warning", "finding")
 DEFAULT_KINDS = ("started", "ended", "failed", "warning", "finding")
+#: how often one user may have a test message sent (`POST notifications/test`)
+TEST_INTERVAL_S = 60.0
 _EVENT_KIND = {"RUNNING": "started", "WARNING": "warning", "COMPLETED": "ended", "CANCELLED": "ended",
                "FAILED": "failed", "TIMEOUT": "failed", "LOST": "failed"}
 _VERB = {"RUNNING": "started", "WARNING": "nears its time limit", "COMPLETED": "completed",
@@ -136,6 +139,7 @@ class Notifier:
         self.dropped = 0
         self._queue: asyncio.Queue[Delivery] | None = None
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._tested: dict[str, float] = {}  # user -> when their last test message was queued (monotonic)
         self._destinations: dict[str, _Destination] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._unsubscribe: Any = None
@@ -295,7 +299,13 @@ class Notifier:
 
     def send_test(self, user: str) -> list[str]:
         """Queue a test message to the user's destinations now; returns their channels.
-        Conflict when the user has none set."""
+        Conflict when the user has none set; TooSoon within `TEST_INTERVAL_S` of their last
+        one (each test reaches an address the user names: the engine is no mailer for them)."""
+        now = time.monotonic()
+        last = self._tested.get(user)
+        if last is not None and now - last < TEST_INTERVAL_S:
+            left = math.ceil(TEST_INTERVAL_S - (now - last))
+            raise TooSoon(f"a test message was sent {now - last:.0f} s ago; one a minute: try again in {left} s", left)
         mine = self.users.get(user) or {}
         text = (f"This is a test of your jupyter-gpujobs notifications on {self.settings.server}: "
                 "messages about your jobs will look like this.")
@@ -304,6 +314,7 @@ class Notifier:
                     if self._enqueue(d)]
         if not channels:
             raise Conflict(None, "you have no notifications set (PUT notifications with an email or webhook)")
+        self._tested[user] = now
         return channels
 
     # ================================================================= who is told what

@@ -28,7 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tornado import web, websocket
 
 from ...model import MAX_ID, InvalidInput, check_plain_text, parse_id
-from ..errors import Conflict, NotFound, PermissionDenied, StoreUnavailable
+from ..errors import Conflict, NotFound, PermissionDenied, StoreUnavailable, TooSoon
 from ..service import JobService
 from ..store import store_trouble
 
@@ -253,6 +253,10 @@ class GPUJobsHandler(APIHandler):
             e = ApiError(403, getattr(e, "field", None), str(e))
         elif isinstance(e, Conflict):
             e = ApiError(409, e.field, e.message)
+        elif isinstance(e, TooSoon):
+            retry_after = e.retry_after
+            e = ApiError(429, None, e.message)
+            e.retry_after = retry_after
         elif (trouble := self._store_trouble(e)) is not None:  # 507 Insufficient Storage; read-only, down: 503
             e = ApiError(503 if trouble.read_only else 507, None, str(trouble))
             e.retry_after = RETRY_AFTER_S if trouble.read_only else 60
