@@ -389,3 +389,21 @@ def test_gpu_check_script_parses_and_plans() -> None:
     assert out.returncode == 0, out.stderr
     for check in ("inventory", "torch-visible", "samples-rise", "oom", "time-limit-frees", "rogue"):
         assert check in out.stdout
+
+
+async def test_a_user_sees_their_findings_however_many_others_have(monitor: Any) -> None:
+    """A user's findings (and rogue processes on a GPU their job holds) are found behind any
+    number of newer findings of others: they were looked for among the newest five times the
+    limit only, so a busy team's findings hid an older one of theirs."""
+    now = time.time()
+    mstore.add_finding(monitor.store, now, kind="idle_hog", key="mine-old", message="yours", user="finder-bob")
+    mstore.add_finding(monitor.store, now, kind="rogue_process", key="rogue-old", message="on your GPU",
+                       user="finder-eve", data={"holder_user": "finder-bob"})
+    for k in range(60):
+        mstore.add_finding(monitor.store, now, kind="idle_hog", key=f"others-{k}", message="not yours",
+                           user="finder-carol")
+    seen = monitor.findings("finder-bob", False, limit=5)
+    assert sorted(f["key"] for f in seen) == ["mine-old", "rogue-old"], seen
+    assert [f["key"] for f in monitor.findings("finder-bob", False, limit=1)] == ["rogue-old"]
+    assert monitor.findings("finder-dan", False, limit=5) == []
+    assert len(monitor.findings("finder-dan", True, limit=5)) == 5  # an admin: the newest of all

@@ -479,8 +479,17 @@ class Monitor:
         limit = int(filters.pop("limit", 200))
         if admin:
             return mstore.list_findings(self.store, limit=limit, **filters)
-        rows = mstore.list_findings(self.store, limit=limit * 5, **filters)
-        mine = [f for f in rows if may_see(f, viewer, admin)]
+        # theirs, and rogue processes (on a GPU their job may hold: `may_see`), a page at a time
+        # until `limit` of them, so that no number of others' findings hides one of theirs
+        mine: list[dict[str, Any]] = []
+        before: int | None = None
+        while len(mine) < limit:
+            rows = mstore.list_findings(self.store, limit=limit * 5, user_or_kind=(viewer, "rogue_process"),
+                                        before_id=before, **filters)
+            mine += [f for f in rows if may_see(f, viewer, admin)]
+            if len(rows) < limit * 5:
+                break
+            before = rows[-1]["id"]
         return mine[:limit]
 
     def resolve(self, finding_id: int, actor: str) -> dict[str, Any] | None:

@@ -497,9 +497,15 @@ def resolve_findings_except(store: Store, now: float, kind: str, keep_keys: Iter
 
 
 def list_findings(store: Store, *, kind: str | None = None, job_id: int | None = None, user: str | None = None,
-                  open_only: bool = False, since: float | None = None, limit: int = 200) -> list[dict[str, Any]]:
-    """Findings, newest first."""
+                  open_only: bool = False, since: float | None = None, limit: int = 200,
+                  user_or_kind: tuple[str, str] | None = None, before_id: int | None = None) -> list[dict[str, Any]]:
+    """Findings, newest first. `user_or_kind` (user, kind): only those about that user or of
+    that kind; `before_id`: only those older than that finding (the next page)."""
     q = select(FindingRow).order_by(FindingRow.id.desc()).limit(limit)
+    if user_or_kind is not None:
+        q = q.where(or_(FindingRow.user == user_or_kind[0], FindingRow.kind == user_or_kind[1]))
+    if before_id is not None:
+        q = q.where(FindingRow.id < before_id)
     if kind:
         q = q.where(FindingRow.kind == kind)
     if job_id is not None:
