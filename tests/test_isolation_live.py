@@ -249,3 +249,25 @@ def test_notebook_job_reads_and_writes_with_its_owners_rights_only(live_server: 
     finally:
         for folder in folders:
             subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def test_a_job_on_a_mig_instance_cannot_open_the_cards_other_instances(live_server: Any, open_dir: Path) -> None:
+    """The MIG instances of one card share its node (/dev/nvidiaN); what opens each is its own
+    capability device (/dev/nvidia-caps/nvidia-capN; the fake backend makes one per instance).
+    A job is given its instance's and fenced off the others': without that, a job could name
+    another's instance by its UUID and run on it."""
+    server = live_server(fake_gpus="H200-141GB[mig:1g.18gb*2]", users=TOKENS)
+    u1 = GPUJobsClient(url=server.url, token="tok-u1")
+    nodes = _nodes(server)
+    assert sorted(p.name for p in nodes.iterdir()) == ["nvidia-cap0", "nvidia-cap1", "nvidia0"]
+    probe = (f"(exec 3<{nodes}/nvidia0) 2>&1 | sed 's/^/card: /'; "
+             f"for i in 0 1; do (exec 3<{nodes}/nvidia-cap$i) 2>&1 | sed \"s/^/cap$i: /\"; done; echo done")
+    job = u1.submit(["/bin/sh", "-c", probe], gpus=1, cwd=str(open_dir), time_limit="1m")
+    done = wait_job(u1, job["id"], ENDED)
+    assert done["state"] == "COMPLETED", done["reason"]
+    log = u1.log(job["id"])["data"]
+    lines = {line.split(": ", 1)[0]: line for line in log.splitlines() if ": " in line}
+    given = done["assigned_gpus"][0]
+    assert "No such device or address" in lines["card"], log  # the card's node: its own too (ENXIO: no driver)
+    assert "No such device or address" in lines[f"cap{given}"], log  # its instance
+    assert "Operation not permitted" in lines[f"cap{1 - given}"], log  # the card's other instance: fenced

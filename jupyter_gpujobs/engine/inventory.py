@@ -113,10 +113,15 @@ class Inventory:
         return iso.limits() if iso is not None and iso.enabled else (False, False)
 
     def deny_devices(self, gpus: list[GPU]) -> list[str]:
-        """The device nodes of this machine's GPUs other than `gpus` (a job's device fence)."""
-        nodes = self.state.gpus.device_nodes()
-        given = {nodes[g.index] for g in gpus if g.index in nodes}  # MIG instances share their card's node
-        return sorted({path for path in nodes.values() if path not in given})
+        """The device nodes of this machine's GPUs other than `gpus` (a job's device fence): the
+        nodes of cards it was given none of, and the capability devices of MIG instances it was
+        not given (the instances of a card share its node)."""
+        backend = self.state.gpus
+        nodes, caps = backend.device_nodes(), backend.instance_nodes()
+        mine = {g.index for g in gpus}
+        given = {nodes[i] for i in mine if i in nodes} | {c for i in mine for c in caps.get(i, ())}
+        every = set(nodes.values()) | {c for cs in caps.values() for c in cs}
+        return sorted(every - given)
 
     def job_devices(self, gpus: list[GPU]) -> list[str]:
         """The device nodes of `gpus` (what a job's container gets, issue 29), in their order."""

@@ -71,6 +71,14 @@ class GPUBackend(abc.ABC):
         or denies. Empty where there are none."""
         return {}
 
+    def instance_nodes(self) -> dict[int, tuple[str, ...]]:
+        """GPU index of a MIG instance -> the capability devices that open it
+        (/dev/nvidia-caps/nvidia-capN of its GPU instance and compute instance). A MIG
+        instance shares its card's node (`device_nodes`) with the card's other instances, so
+        the fence tells them apart by these: a job is denied those of the instances it was not
+        given. Empty where there are none (no MIG, or a driver that gives no such devices)."""
+        return {}
+
     def remove_device_nodes(self) -> None:  # noqa: B027 - optional hook
         """Remove the device nodes the backend made itself (fake GPUs'); a driver's stay."""
 

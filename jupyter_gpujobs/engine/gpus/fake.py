@@ -88,6 +88,10 @@ _RECHECK_S = 30.0  # re-verify the start time of cached non-GPU pids this often 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _LINUX = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 NVIDIA_MAJOR = 195  # the character device major of /dev/nvidiaN
+#: the minors of the fake MIG instances' capability devices (major NVIDIA_MAJOR, minor this plus
+#: the instance's index): a driver's are /dev/nvidia-caps/nvidia-capN of a major of their own;
+#: here they sit above any card's minor and below nvidia-modeset's (254) and nvidiactl's (255)
+FAKE_CAP_MINOR_BASE = 128
 #: Added to a pid under `pidns:other`: above the largest pid_max (2**22), so no process here has it.
 PIDNS_OFFSET = 1 << 22
 
@@ -199,6 +203,23 @@ def _linux_uptime() -> float:
         return 0.0
 
 
+def _node(path: str, minor: int) -> str:
+    """A character device (major NVIDIA_MAJOR, `minor`) at `path`, open to all as a driver's
+    (fenced by the cgroup); one of another kind there is replaced. OSError without root."""
+    import stat
+
+    want = os.makedev(NVIDIA_MAJOR, minor)
+    try:
+        st = os.lstat(path)
+        if not (stat.S_ISCHR(st.st_mode) and st.st_rdev == want):
+            os.unlink(path)
+            raise FileNotFoundError(path)
+    except FileNotFoundError:
+        os.mknod(path, 0o666 | stat.S_IFCHR, want)
+        os.chmod(path, 0o666)
+    return path
+
+
 class FakeBackend(GPUBackend):
     """GPUs from a fake spec whose live values come from the processes that use them."""
 
@@ -228,31 +249,26 @@ class FakeBackend(GPUBackend):
         self._uuid_index = {g.uuid: g.index for g in self._gpus}
         self._procs: dict[int, _ProcInfo] = {}
         self._scan: _Scan | None = None
+        self._caps: dict[int, str] = {}  # MIG instance index -> its capability device (`_make_nodes`)
         self._nodes = self._make_nodes(device_dir) if device_dir else {}
         self.splitter = MemorySplitter()
 
     def _make_nodes(self, device_dir: str) -> dict[int, str]:
-        """Character devices (major 195, minor = index) for the fake GPUs; none without root."""
-        import stat
-
+        """Character devices (major 195, minor = card) for the fake cards, and one capability
+        device for each MIG instance (`instance_nodes`); none without root."""
         nodes = {}
         try:
             os.makedirs(device_dir, mode=0o755, exist_ok=True)
             for folder in (os.path.dirname(device_dir), device_dir):
                 os.chmod(folder, 0o755)  # every job's user opens its nodes (a shared engine's umask is 077)
             for index in range(self._cards):
-                path = os.path.join(device_dir, f"nvidia{index}")
-                want = os.makedev(NVIDIA_MAJOR, index)
-                try:
-                    st = os.lstat(path)
-                    if not (stat.S_ISCHR(st.st_mode) and st.st_rdev == want):
-                        os.unlink(path)
-                        raise FileNotFoundError(path)
-                except FileNotFoundError:
-                    os.mknod(path, 0o666 | stat.S_IFCHR, want)
-                    os.chmod(path, 0o666)  # as /dev/nvidiaN: open to all, fenced by the cgroup
-                nodes[index] = path
+                nodes[index] = _node(os.path.join(device_dir, f"nvidia{index}"), index)
+            for g in self._gpus:
+                if g.uuid.startswith("MIG-"):
+                    self._caps[g.index] = _node(os.path.join(device_dir, f"nvidia-cap{g.index}"),
+                                                FAKE_CAP_MINOR_BASE + g.index)
         except OSError:
+            self._caps = {}
             return {}
         return nodes
 
@@ -260,17 +276,22 @@ class FakeBackend(GPUBackend):
         """GPU index -> its card's node (the MIG instances of a card share it)."""
         return {g.index: self._nodes[g.card] for g in self._gpus if g.card in self._nodes}
 
+    def instance_nodes(self) -> dict[int, tuple[str, ...]]:
+        """MIG instance index -> its capability device (one each here; a driver has two)."""
+        return {index: (path,) for index, path in self._caps.items()}
+
     def remove_device_nodes(self) -> None:
         """Remove the nodes made for these GPUs, and their folder once empty."""
-        nodes, self._nodes = self._nodes, {}
-        for path in nodes.values():
+        nodes = list(self._nodes.values()) + list(self._caps.values())
+        self._nodes, self._caps = {}, {}
+        for path in nodes:
             try:
                 os.unlink(path)
             except OSError:
                 pass
         if nodes:
             try:
-                os.rmdir(os.path.dirname(next(iter(nodes.values()))))
+                os.rmdir(os.path.dirname(nodes[0]))
             except OSError:
                 pass  # something else lives there too
 

@@ -24,7 +24,9 @@ read with v1 from then on.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,20 @@ from .base import LOCAL_HOST, GPUBackend, GPUProcess, GPUSample
 from .memory import MemoryReading, MemorySplitter
 
 _MB = 1024 * 1024
+
+
+def _cap_device(proc_file: str) -> str | None:
+    """The /dev/nvidia-caps device a driver's capability file names (`DeviceFileMinor: N`),
+    when it is there as a character device; else None."""
+    try:
+        with open(proc_file) as f:
+            minor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("DeviceFileMinor:")), None)
+        if minor is None:
+            return None
+        path = f"/dev/nvidia-caps/nvidia-cap{int(minor)}"
+        return path if stat.S_ISCHR(os.stat(path).st_mode) else None
+    except (OSError, ValueError):
+        return None
 
 
 def _text(value: Any) -> str:
@@ -235,6 +251,32 @@ class NVMLBackend(GPUBackend):
                     nodes[index] = f"/dev/nvidia{int(minor)}"
             self._nodes = nodes
         return dict(nodes)
+
+    def instance_nodes(self) -> dict[int, tuple[str, ...]]:
+        """MIG instance index -> /dev/nvidia-caps/nvidia-capN of its GPU instance's and its
+        compute instance's access (the driver's `DeviceFileMinor` of each, under
+        /proc/driver/nvidia/capabilities/gpu<card minor>/mig/); read once. An instance whose
+        devices are not found (caps kept in /proc only, an older driver) has none: the card's
+        node alone then fences it, and that is logged."""
+        found: dict[int, tuple[str, ...]] | None = getattr(self, "_caps", None)
+        if found is not None:
+            return dict(found)
+        found, nodes, nvml = {}, self.device_nodes(), self.nvml
+        for index, _, _ in self._static:
+            card = self._card_of[index]
+            if card not in self.mig_cards or index not in nodes:
+                continue
+            gi = self._call(index, "GPU instance id", nvml.nvmlDeviceGetGpuInstanceId, self._handles[index])
+            ci = self._call(index, "compute instance id", nvml.nvmlDeviceGetComputeInstanceId, self._handles[index])
+            base = f"/proc/driver/nvidia/capabilities/gpu{nodes[index].removeprefix('/dev/nvidia')}/mig/gi{gi}"
+            paths = tuple(p for p in (_cap_device(f"{base}/access"), _cap_device(f"{base}/ci{ci}/access")) if p)
+            if gi is None or ci is None or len(paths) < 2:
+                self.log.warning("gpujobs: the capability devices of MIG instance %d were not found under %s: "
+                                 "jobs on this card's other instances may open it (see docs/security.md)", index, base)
+            if paths:
+                found[index] = paths
+        self._caps = found
+        return dict(found)
 
     def _poll_xids(self) -> None:
         if self._events is None:

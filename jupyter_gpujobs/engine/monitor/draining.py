@@ -39,6 +39,9 @@ class DrainingBackend(GPUBackend):
     def device_nodes(self) -> dict[int, str]:
         return self.inner.device_nodes()  # the GPU fence needs them: never the base class's none
 
+    def instance_nodes(self) -> dict[int, tuple[str, ...]]:
+        return self.inner.instance_nodes()  # the fence between MIG instances: never the base class's none
+
     def remove_device_nodes(self) -> None:
         self.inner.remove_device_nodes()
 
