@@ -47,17 +47,21 @@ from .predict import Prediction, RuntimePredictor, job_fields, job_key
 from .settings import MonitorSettings
 
 if TYPE_CHECKING:
+    from ..store import history
     from ..store import monitoring as mstore
 else:
 
     class _Lazy:
-        """The store functions, imported on first use: the CLI imports monitor.text, and
-        SQLAlchemy would double its start-up time."""
+        """A store module's functions, imported on first use: the CLI imports monitor.text,
+        and SQLAlchemy would double its start-up time."""
+
+        def __init__(self, module: str):
+            self.module = module
 
         def __getattr__(self, name: str) -> Any:
-            return getattr(importlib.import_module("jupyter_gpujobs.engine.store.monitoring"), name)
+            return getattr(importlib.import_module(f"jupyter_gpujobs.engine.store.{self.module}"), name)
 
-    mstore = _Lazy()
+    mstore, history = _Lazy("monitoring"), _Lazy("history")
 
 log = logging.getLogger("jupyter_gpujobs")
 
@@ -124,11 +128,11 @@ class Monitor:
             self._open.setdefault(f["kind"], {})[f["key"]] = 0.0
             if f["kind"] == "gpu_drained" and f["host"] is not None and f["gpu"] is not None:
                 self.drained.add((f["host"], int(f["gpu"])))
-        for job in mstore.finished_runtimes(self.store, limit=20_000):
+        for job in history.finished_runtimes(self.store, limit=20_000):
             runtime = _runtime(job)
             if runtime is not None:
                 self.predictor.add(job_key(job.user, job.name, job.command, job.gpu_type), runtime)
-        for wait in mstore.wait_times(self.store):
+        for wait in history.wait_times(self.store):
             self.wait_histogram.observe(wait)
 
     async def start(self) -> None:
@@ -244,7 +248,7 @@ class Monitor:
                 self._oom_jobs.pop(next(iter(self._oom_jobs)))
             out.append(self.report(oom, now))
         if job.state in (JobState.FAILED, JobState.LOST, JobState.COMPLETED):
-            latest = [j for j in mstore.jobs_like(self.store, job.user, job.name, job.ended_at or now)
+            latest = [j for j in history.jobs_like(self.store, job.user, job.name, job.ended_at or now)
                       if job.name or j.command == job.command]
             finding = detect_repeated_failures(latest, self._oom_jobs, self.settings.failure_streak)
             signature = job.name or "\0".join(job.command)
@@ -413,10 +417,10 @@ class Monitor:
         from .usage import heatmap_report
 
         s = self.settings
-        history = mstore.jobs_since(self.store, now - s.habits_lookback_weeks * 7 * 86400)
+        past = history.jobs_since(self.store, now - s.habits_lookback_weeks * 7 * 86400)
         policy = self.service.current_policy()
         keys = set()
-        for habit in find_habits(history, now, as_clock(policy), s.habits_min_weeks, s.habits_lookback_weeks):
+        for habit in find_habits(past, now, as_clock(policy), s.habits_min_weeks, s.habits_lookback_weeks):
             if covered(habit, self.service.reservations):
                 continue
             finding = proposal_finding(habit)

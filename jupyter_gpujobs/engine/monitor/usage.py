@@ -72,6 +72,7 @@ def time_range(since: str | float | None, until: str | float | None, now: float,
 def usage_report(store: Store, since: float, until: float, by: str, now: float) -> dict[str, Any]:
     """`{"since", "until", "by", "rows": [{"key", "gpu_hours", "jobs"}], "total_gpu_hours"}`,
     biggest first."""
+    from ..store import history
     from ..store import monitoring as mstore
 
     if by not in BY:
@@ -80,7 +81,7 @@ def usage_report(store: Store, since: float, until: float, by: str, now: float) 
     hours: dict[str, float] = {}
     jobs: dict[str, set[int]] = {}
     end_now = min(until, now)
-    for a in mstore.allocations_between(store, since, until):
+    for a in history.allocations_between(store, since, until):
         start = max(since, a["started_at"])
         end = min(until, a["released_at"] if a["released_at"] is not None else end_now)
         if end <= start:
@@ -133,10 +134,10 @@ def queue_report(store: Store, since: float, until: float, step: int, now: float
     "wait_p90_s"}]}`: per bucket of `step` seconds from `since` (up to now), the jobs waiting
     at its end (or now), and the jobs that started in it with their mean and 90th-percentile
     wait (None when none started)."""
-    from ..store import monitoring as mstore
+    from ..store import history
 
     check_step(step, since, until)
-    spans = mstore.queue_spans(store, since, until)
+    spans = history.queue_spans(store, since, until)
     subs = sorted(a for a, _, _ in spans)
     leaves = sorted(max(a, b if b is not None else (c if c is not None else math.inf)) for a, b, c in spans)
     waits: dict[int, list[float]] = {}

@@ -1,6 +1,6 @@
 """Repository functions of the monitoring tables (gpu_info, gpu_samples, job_stats, findings),
-each taking a `Store`, plus the read-only queries over jobs and allocations that usage
-reports and runtime prediction need.
+each taking a `Store` (the read-only queries over jobs and allocations that usage reports and
+runtime prediction need are in history.py).
 
 Samples are kept downsampled: raw readings (resolution 0), per-minute rows (60) rolled up
 from them and per-hour rows (3600) rolled up from the minutes; `rollup()` builds the coarse
@@ -20,15 +20,15 @@ from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import aliased
 
 from . import Store, _writes
-from .tables import AllocationRow, FindingRow, GPUInfoRow, GPUSampleRow, JobRow, JobStatsRow
+from .tables import FindingRow, GPUInfoRow, GPUSampleRow, JobStatsRow
 
 RAW, MINUTE, HOUR = 0, 60, 3600
 
 __all__ = [
     "RAW", "MINUTE", "HOUR", "SampleValues", "JobStats", "record_gpus", "gpu_models", "add_samples",
     "rollup", "utilization_buckets", "samples", "save_job_stats", "job_stats", "add_finding",
-    "resolve_finding", "resolve_findings_except", "list_findings", "get_finding", "allocations_between",
-    "jobs_like", "finished_runtimes", "wait_times", "count_samples", "sample_series", "queue_spans",
+    "resolve_finding", "resolve_findings_except", "list_findings", "get_finding", "count_samples",
+    "sample_series",
 ]
 
 
@@ -524,83 +524,3 @@ def list_findings(store: Store, *, kind: str | None = None, job_id: int | None =
 def set_finding_action(store: Store, finding_id: int, action: str) -> None:
     with store._session.begin() as s:
         s.execute(update(FindingRow).where(FindingRow.id == finding_id).values(action=action))
-
-
-# ----------------------------------------------------------------------------- jobs and allocations
-
-
-def allocations_between(store: Store, since: float, until: float) -> list[dict[str, Any]]:
-    """GPU allocations overlapping [since, until) with their job's user and group, and the part
-    of the card each held (`share`: 1.0 for a whole GPU)."""
-    q = (select(AllocationRow.job_id, AllocationRow.host, AllocationRow.gpu_index, AllocationRow.gpu_uuid,
-                AllocationRow.started_at, AllocationRow.released_at, JobRow.user, JobRow.group,
-                AllocationRow.share)
-         .join(JobRow, JobRow.id == AllocationRow.job_id)
-         .where(AllocationRow.started_at < until,
-                or_(AllocationRow.released_at.is_(None), AllocationRow.released_at > since)))
-    with store.session() as s:
-        return [{"job_id": j, "host": h, "gpu_index": i, "gpu_uuid": u, "started_at": a, "released_at": r,
-                 "user": user, "group": group, "share": share if share is not None else 1.0}
-                for j, h, i, u, a, r, user, group, share in s.execute(q).all()]
-
-
-def jobs_like(store: Store, user: str, name: str, ended_by: float, limit: int = 50) -> list[Any]:
-    """The user's jobs with this name that ended by `ended_by` (epoch s), the latest end first,
-    as `model.Job`s. By end, not by id: jobs submitted together end in any order, and "failed
-    N times in a row" is about the runs as they ended."""
-    from . import _to_job
-
-    finals = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"]
-    # every ended job has its end time (a NULL one never matches <=), so the latest come straight
-    # off the index on (user, name, ended_at): the monitor asks this at every job's end, and
-    # sorting all of a user's same-named jobs took 16 ms with 5,000 of them (bench_dispatch and
-    # chaos_load run arrays of one name)
-    q = (select(JobRow).where(JobRow.user == user, JobRow.name == name, JobRow.ended_at <= ended_by,
-                              JobRow.state.in_(finals))
-         .order_by(JobRow.ended_at.desc(), JobRow.id.desc()).limit(limit))
-    with store.session() as s:
-        return [_to_job(r) for r in s.scalars(q).all()]
-
-
-def finished_runtimes(store: Store, limit: int = 50_000) -> list[Any]:
-    """The most recent ended jobs that ran, oldest first, as `model.Job`s (runtime history)."""
-    from . import _to_job
-
-    q = (select(JobRow).where(JobRow.started_at.is_not(None) | (JobRow.run_seconds > 0),
-                              JobRow.state.in_(["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]),
-                              JobRow.ended_at.is_not(None))
-         .order_by(JobRow.ended_at.desc()).limit(limit))
-    with store.session() as s:
-        rows = s.scalars(q).all()
-    return [_to_job(r) for r in reversed(rows)]
-
-
-def jobs_since(store: Store, since: float, limit: int = 200_000) -> list[Any]:
-    """The jobs submitted since then that asked for GPUs, as `model.Job`s (demand history)."""
-    from . import _to_job
-
-    q = (select(JobRow).where(JobRow.submitted_at >= since, JobRow.gpus > 0)
-         .order_by(JobRow.id.desc()).limit(limit))
-    with store.session() as s:
-        return [_to_job(r) for r in s.scalars(q).all()]
-
-
-def wait_times(store: Store, limit: int = 100_000) -> list[float]:
-    """Seconds from submission to (last) start of the jobs that started."""
-    q = (select(JobRow.submitted_at, JobRow.started_at).where(JobRow.started_at.is_not(None))
-         .order_by(JobRow.id.desc()).limit(limit))
-    with store.session() as s:
-        return [max(0.0, b - a) for a, b in s.execute(q).all()]
-
-
-def queue_spans(store: Store, since: float, until: float, limit: int = 200_000) -> list[tuple[float, float | None, float | None]]:
-    """(submitted_at, started_at, ended_at) of the jobs that may have waited in [since, until):
-    submitted before `until`, and neither started nor ended before `since`. `started_at` is a
-    job's last start (a requeued job counts as waiting from its submission to then)."""
-    q = (select(JobRow.submitted_at, JobRow.started_at, JobRow.ended_at)
-         .where(JobRow.submitted_at < until,
-                or_(JobRow.started_at.is_(None), JobRow.started_at >= since),
-                or_(JobRow.ended_at.is_(None), JobRow.ended_at >= since))
-         .order_by(JobRow.id.desc()).limit(limit))
-    with store.session() as s:
-        return [(a, b, c) for a, b, c in s.execute(q).all()]
