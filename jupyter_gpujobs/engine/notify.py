@@ -54,8 +54,7 @@ log = logging.getLogger("jupyter_gpujobs")
 #: failed (failed, ran out of time, was lost), nears its time limit; a finding about them.
 KINDS = ("started", "ended", "failed", "warning", "finding")
 DEFAULT_KINDS = ("started", "ended", "failed", "warning", "finding")
-#: how often one user may have a test message sent (`POST notifications/test`)
-TEST_INTERVAL_S = 60.0
+TEST_INTERVAL_S = 60.0  # how often one user may have a test message sent (`POST notifications/test`)
 _EVENT_KIND = {"RUNNING": "started", "WARNING": "warning", "COMPLETED": "ended", "CANCELLED": "ended",
                "FAILED": "failed", "TIMEOUT": "failed", "LOST": "failed"}
 _VERB = {"RUNNING": "started", "WARNING": "nears its time limit", "COMPLETED": "completed",
@@ -290,22 +289,18 @@ class Notifier:
         """Settings for the log: where to (a webhook by its host only), and what."""
         if not settings:
             return "none"
-        where = []
-        if settings.get("email"):
-            where.append("e-mail")
+        where = ["e-mail"] if settings.get("email") else []
         if settings.get("webhook"):
             where.append(f"webhook to {urlsplit(settings['webhook']).hostname}")
         return f"{' and '.join(where)} on {', '.join(settings.get('events') or []) or 'nothing'}"
 
     def send_test(self, user: str) -> list[str]:
         """Queue a test message to the user's destinations now; returns their channels.
-        Conflict when the user has none set; TooSoon within `TEST_INTERVAL_S` of their last
-        one (each test reaches an address the user names: the engine is no mailer for them)."""
-        now = time.monotonic()
-        last = self._tested.get(user)
-        if last is not None and now - last < TEST_INTERVAL_S:
-            left = math.ceil(TEST_INTERVAL_S - (now - last))
-            raise TooSoon(f"a test message was sent {now - last:.0f} s ago; one a minute: try again in {left} s", left)
+        Conflict when the user has none set; TooSoon within `TEST_INTERVAL_S` of their last."""
+        left = TEST_INTERVAL_S - (time.monotonic() - self._tested.get(user, -math.inf))
+        if left > 0:  # (each test reaches an address the user names: the engine is no mailer for them)
+            raise TooSoon(f"a test message went out less than a minute ago (one a minute): try again in "
+                          f"{math.ceil(left)} s", math.ceil(left))
         mine = self.users.get(user) or {}
         text = (f"This is a test of your jupyter-gpujobs notifications on {self.settings.server}: "
                 "messages about your jobs will look like this.")
@@ -314,7 +309,7 @@ class Notifier:
                     if self._enqueue(d)]
         if not channels:
             raise Conflict(None, "you have no notifications set (PUT notifications with an email or webhook)")
-        self._tested[user] = now
+        self._tested[user] = time.monotonic()
         return channels
 
     # ================================================================= who is told what
@@ -405,9 +400,7 @@ class Notifier:
                     self._enqueue(d)
 
     def _to_user(self, user: str, mine: dict[str, Any], key: str, subject: str, text: str) -> list[Delivery]:
-        out = []
-        if mine.get("email") and self.email_available:
-            out.append(Delivery(key, "email", mine["email"], subject, text))
+        out = [Delivery(key, "email", mine["email"], subject, text)] if mine.get("email") and self.email_available else []
         if mine.get("webhook"):
             out.append(Delivery(key, "webhook", mine["webhook"], subject, text))
         return out
