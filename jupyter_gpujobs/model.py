@@ -393,11 +393,34 @@ PUBLIC_END_REASONS: Mapping[str, str] = {"COMPLETED": "completed", "FAILED": "fa
                                          "TIMEOUT": "time limit reached", "LOST": "lost"}
 
 
+def retry_reason(run: int, runs: int, why: str, wait: str) -> str:
+    """Why a job waits after its failed run `run` of `runs` (`why`: how it ended, private)."""
+    return f"run {run} of {runs} failed: {why}; retry {run} of {runs - 1} after {wait}"
+
+
+def requeue_reason(why: str, requeue: int, most: int) -> str:
+    """Why a job waits after a run that ended at its time limit or was lost (`why`, private)."""
+    return f"requeued ({why}): requeue {requeue} of at most {most}; it starts again with its checkpoint folder"
+
+
+#: The reasons above with how the run ended, which is private as an ended job's reason is
+#: ("command not found: /home/..."), and what is left of them for others
+_RUN_ENDED = (
+    (re.compile(r"(run \d+ of \d+ failed): .*(; retry \d+ of \d+ after .*)", re.DOTALL), r"\1\2"),
+    (re.compile(r"requeued \(.*\)(: requeue \d+ of at most .*)", re.DOTALL), r"requeued\1"),
+)
+
+
 def public_reason(state: str | None, reason: str | None) -> str | None:
     """A job's (or event's) reason as someone who may not see the job's private data may
-    read it: why a job waits or runs is the queue's (the scheduler's words, public), why it
-    ended is only its end (`PUBLIC_END_REASONS`)."""
-    return PUBLIC_END_REASONS.get(state or "", reason)
+    read it: why a job waits or runs is the queue's (the scheduler's words, public), less how
+    its last run ended (`retry_reason`, `requeue_reason`); why it ended is only its end
+    (`PUBLIC_END_REASONS`)."""
+    reason = PUBLIC_END_REASONS.get(state or "", reason)
+    for words, public in _RUN_ENDED if reason else ():
+        if words.fullmatch(reason):  # type: ignore[arg-type]
+            return words.sub(public, reason)  # type: ignore[arg-type]
+    return reason
 
 
 # --------------------------------------------------------------------------- who may use what

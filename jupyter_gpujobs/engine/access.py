@@ -10,7 +10,6 @@ and the Unix user database.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -311,25 +310,14 @@ def redact_event(event: dict[str, Any], image: str | None = None) -> dict[str, A
     return out
 
 
-#: Words of a waiting job's reason that say why its last run ended, which is private as the
-#: reason of an ended job is (`command not found: /home/...`, `working directory not found:
-#: ...`): a failed run retried (supervision.Supervisors._retry), a run requeued (_requeue).
-_RUN_ENDED = (
-    (re.compile(r"(run \d+ of \d+ failed): .*(; retry \d+ of \d+ after .*)", re.DOTALL), r"\1\2"),
-    (re.compile(r"requeued \(.*\)(: requeue \d+ of at most .*)", re.DOTALL), r"requeued\1"),
-)
-
-
 def _public_reason(state: str | None, reason: str | None, image: str | None) -> str | None:
-    """`model.public_reason` less the job's private data: why its last run ended (`_RUN_ENDED`)
-    and its image (a path in its owner's folder, a registry of theirs; a waiting job's reason
-    is the progress of its image's pull: "pulling image docker-archive:/home/ann/x.tar: ..."
-    shows as "pulling its image: ...")."""
+    """`model.public_reason` (which leaves out how its last run ended) less the job's image
+    (a path in its owner's folder, a registry of theirs; a waiting job's reason is the progress
+    of its image's pull: "pulling image docker-archive:/home/ann/x.tar: ..." shows as "pulling
+    its image: ...")."""
     reason = public_reason(state, reason)
     if not reason:
         return reason
-    for words, public in _RUN_ENDED:
-        reason = words.sub(public, reason) if words.fullmatch(reason) else reason
     if image and image in reason:
         reason = reason.replace(f"image {image}", "its image").replace(image, "its image")
     return reason

@@ -21,7 +21,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..checkpoint import checkpoint_dir
-from ..model import GPU, Job, JobState, format_duration, preempt_grace, retry_wait_s
+from ..model import (
+    GPU,
+    Job,
+    JobState,
+    format_duration,
+    preempt_grace,
+    requeue_reason,
+    retry_reason,
+    retry_wait_s,
+)
 from .access import Access
 from .errors import PermissionDenied
 from .events import Events
@@ -194,8 +203,7 @@ class Supervisors:
             return False
         wait = retry_wait_s(job)
         run, at = job.retried + 1, exit_.ended_at + wait
-        reason = (f"run {run} of {job.retries + 1} failed: {exit_.reason}; retry {run} of {job.retries} "
-                  f"after {format_duration(wait)}")
+        reason = retry_reason(run, job.retries + 1, exit_.reason, format_duration(wait))
         self.events.set_state(job.id, JobState.PENDING, "engine", reason,
                               data={**data, "attempt": run, "retry": run, "retries": job.retries, "retry_at": at},
                               started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
@@ -267,8 +275,7 @@ class Supervisors:
             s.store.add_event(job.id, "WARNING", "engine", f"not requeued: it was requeued {job.requeues} time(s), "
                               f"its maximum (max_requeues)", s.clock())
             return False
-        reason = (f"requeued ({exit_.reason}): requeue {job.requeues + 1} of at most {job.max_requeues}; "
-                  "it starts again with its checkpoint folder")
+        reason = requeue_reason(exit_.reason, job.requeues + 1, job.max_requeues)
         s.freed.set()
         self.events.set_state(job.id, JobState.PENDING, "engine", reason, data={**data, "requeue": job.requeues + 1},
                               started_at=None, host=None, assigned_gpus=(), borrowed=False, runner_handle={},
