@@ -263,8 +263,8 @@ class FakeBackend(GPUBackend):
                 os.chmod(folder, 0o755)  # every job's user opens its nodes (a shared engine's umask is 077)
             for index in range(self._cards):
                 nodes[index] = _node(os.path.join(device_dir, f"nvidia{index}"), index)
-            for g in self._gpus:
-                if g.uuid.startswith("MIG-"):
+            for g in self._gpus:  # (a fleet of over 125 devices: its later instances get none)
+                if g.uuid.startswith("MIG-") and FAKE_CAP_MINOR_BASE + g.index < 254:
                     self._caps[g.index] = _node(os.path.join(device_dir, f"nvidia-cap{g.index}"),
                                                 FAKE_CAP_MINOR_BASE + g.index)
         except OSError:
